@@ -1,0 +1,830 @@
+"""§8 CPU code generation: fusion groups → C++ kernels + a Python wrapper.
+
+Consumes a `schedule.Schedule`; produces a `CppModule`: the text of one C++ file (the prelude
+`cpp_prelude.h` with Stax's vectorizable math, then one `extern "C"` function per kernel) and the text
+of a Python wrapper `call(args)` that allocates buffers, launches kernels in order and drops each
+buffer after its last use. `load()` compiles the file with the system C++ compiler (through the
+content-addressed cache of `cache.py`) and imports the wrapper from a file.
+
+Each kernel is printed by running the IR's `inner_fn`s with `CppPrinter`, an `ops` handler whose
+values are C++ temporaries `tmpN` (with common-subexpression elimination).
+
+Where to look:
+  - `CppPrinter` ......................... ops.* → C++ expressions (NaN-propagating max, half casts)
+  - `merge_dims` ......................... Prop. 6.3: merge loops j, j+1 when stride_j = size_{j+1}·stride_{j+1}
+  - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
+  - `_reduction_kernel` .................. one pass over each row per phase; 16-lane accumulators
+  - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
+  - `generate(schedule)`, `CppModule.load()`  the entry points
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from . import cache
+T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+from .lower import (ExternKernel, FloorDiv, ModularIndexing, Pointwise, Reduction, compute_dtype,
+                    index_vars, set_handler, simplify_index)
+from .schedule import _node_loops, _reads, node_index, store_index
+
+LANES = 16          # accumulator lanes: one AVX-512 register of float32
+TILE = 16           # 2-D tile edge for transposed pointwise kernels
+PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
+
+
+
+def split_policy(numel_out, numel_red) -> int:
+    """Alg. 6.1 on the CPU: split a reduction only when its rows cannot keep every thread busy."""
+    threads = T.get_num_threads()
+    if not (sympy.sympify(numel_out).is_Integer and sympy.sympify(numel_red).is_Integer):
+        return 1
+    if int(numel_out) >= threads or int(numel_red) < 65536:
+        return 1
+    return 8 * threads
+
+
+# ---- C types and literals ----
+
+_CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",
+          "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+_STORAGE_CTYPE = {"float16": "uint16_t", "bfloat16": "uint16_t"}
+
+
+def ctype(dtype) -> str:
+    return _CTYPE[dtype.name]
+
+
+def storage_ctype(dtype) -> str:
+    return _STORAGE_CTYPE.get(dtype.name, _CTYPE[dtype.name])
+
+
+def cliteral(value, dtype) -> str:
+    if dtype == T.bool_:
+        return "true" if value else "false"
+    if not dtype.is_floating_point:
+        return f"{int(value)}" if abs(int(value)) < 2**31 else f"{int(value)}LL"
+    v = float(value)
+    suffix = "" if dtype == T.float64 else "f"
+    if math.isnan(v):
+        return "NAN" if suffix else "(double)NAN"
+    if math.isinf(v):
+        return ("" if v > 0 else "-") + ("INFINITY" if suffix else "(double)INFINITY")
+    text = repr(v)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + suffix
+
+
+def cexpr(e) -> str:
+    """Print an index expression (sympy) as C++ (int64 arithmetic, non-negative operands)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        terms = [cexpr(t) for t in e.as_ordered_terms()]
+        out = terms[0]
+        for t in terms[1:]:
+            out += f" - {t[1:]}" if t.startswith("-") else f" + {t}"
+        return out
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        inner = "*".join(_paren(a) for a in sympy.Mul.make_args(rest))
+        if coeff == 1:
+            return inner
+        if coeff == -1:
+            return f"-{inner}"
+        return f"{int(coeff)}*{inner}"
+    if isinstance(e, FloorDiv):
+        return f"({cexpr(e.args[0])}) / {_paren(e.args[1])}"
+    if isinstance(e, ModularIndexing):
+        a, d, m = e.args
+        base = cexpr(a) if d == 1 else f"({cexpr(a)}) / {_paren(d)}"
+        return f"(({base}) % {_paren(m)})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "stax_max" if isinstance(e, sympy.Max) else "stax_min"
+        return f"{fn}<int64_t>({', '.join(cexpr(a) for a in e.args)})"
+    raise NotImplementedError(f"cannot print index {e}")
+
+
+def _paren(e) -> str:
+    s = cexpr(e)
+    return s if (sympy.sympify(e).is_Atom) else f"({s})"
+
+
+# ---- The ops handler that prints C++ ----
+
+
+@dataclass
+class CVar:
+    name: str
+    dtype: object
+
+    def __str__(self):
+        return self.name
+
+
+_UNARY_FN = {"exp": "stax_exp", "exp2": "stax_exp2", "log": "stax_log", "log2": "stax_log2",
+             "erf": "stax_erf", "tanh": "stax_tanh", "sigmoid": "stax_sigmoid", "sin": "stax_sin",
+             "cos": "stax_cos", "rsqrt": "stax_rsqrt", "relu": "stax_relu", "sign": "stax_sign",
+             "sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round": "rint", "trunc": "trunc"}
+_BINARY_OP = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=",
+              "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&&",
+              "logical_or": "||", "logical_xor": "!=", "bitwise_and": "&", "bitwise_or": "|",
+              "bitwise_xor": "^"}
+_PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+
+
+class CppPrinter:
+    """ops handler: each call appends `auto tmpN = <expr>;` (deduplicated) and returns a CVar.
+
+    `kernel` resolves buffer names: a buffer computed earlier in the same loop body (or row)
+    is read from its C++ variable, any other through its pointer parameter.
+    """
+
+    def __init__(self, kernel, counter):
+        self.kernel, self.counter = kernel, counter
+        self.lines, self.cse = [], {}
+
+    def _emit(self, expr: str, dtype) -> CVar:
+        if expr in self.cse:
+            return self.cse[expr]
+        var = CVar(f"tmp{self.counter[0]}", dtype)
+        self.counter[0] += 1
+        self.lines.append(f"auto {var.name} = {expr};")
+        self.cse[expr] = var
+        return var
+
+    def load(self, name, index):
+        local = self.kernel.locals.get(name)
+        if local is not None:
+            return local
+        dtype = self.kernel.dtype_of(name)
+        ptr = self.kernel.arg(name, read=True)
+        expr = f"{ptr}[{self.kernel.index(index)}]"
+        if dtype == T.float16:
+            expr = f"stax_f16_to_f32({expr})"
+        elif dtype == T.bfloat16:
+            expr = f"stax_bf16_to_f32({expr})"
+        return self._emit(expr, dtype)
+
+    def constant(self, value, dtype):
+        return CVar(cliteral(value, dtype), dtype)
+
+    def index_expr(self, expr, dtype):
+        return self._emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
+
+    def to_dtype(self, x, dtype):
+        if x.dtype == dtype:
+            return x
+        if dtype == T.float16:
+            return self._emit(f"stax_f16_to_f32(stax_f32_to_f16({x}))", dtype)
+        if dtype == T.bfloat16:
+            return self._emit(f"stax_bf16_to_f32(stax_f32_to_bf16({x}))", dtype)
+        if dtype == T.bool_:
+            return self._emit(f"({x} != 0)", dtype)
+        if x.dtype in (T.float16, T.bfloat16) and dtype == T.float32:
+            return CVar(x.name, dtype)     # half values are already held as (rounded) floats
+        return self._emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
+
+    def where(self, c, a, b):
+        return self._emit(f"{c} ? {a} : {b}", a.dtype)
+
+    def masked(self, mask, body, other):
+        """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere)."""
+        inner = CppPrinter(self.kernel, self.counter)
+        with set_handler(inner):
+            result = body()
+        lines = "\n".join(f"    {line}" for line in inner.lines)
+        return self._emit(f"[&]() -> {ctype(result.dtype)} {{\n    if (!({mask})) return {other};\n"
+                          f"{lines}\n    return {result};\n}}()", result.dtype)
+
+    # unary math
+    def neg(self, x): return self._emit(f"-{x}", x.dtype)
+    def abs(self, x): return self._emit(f"stax_abs({x})", x.dtype)
+    def reciprocal(self, x): return self._emit(f"{cliteral(1, x.dtype)} / {x}", x.dtype)
+    def isnan(self, x): return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", T.bool_)
+
+    def isinf(self, x):
+        if not x.dtype.is_floating_point:
+            return CVar("false", T.bool_)
+        return self._emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", T.bool_)
+
+    def logical_not(self, x): return self._emit(f"!{x}", T.bool_)
+    def bitwise_not(self, x): return self._emit(f"!{x}" if x.dtype == T.bool_ else f"~{x}", x.dtype)
+
+    def _pow(self, a, b):
+        """x ** c for small constant c is multiplication (vectorizes, and exact as in eager)."""
+        if a.dtype.is_floating_point and b.name in (cliteral(2, a.dtype), cliteral(3, a.dtype)):
+            return self._emit(f"({a} * {a})" if b.name == cliteral(2, a.dtype) else f"({a} * {a} * {a})", a.dtype)
+        return self._emit(f"stax_pow({a}, {b})", a.dtype)
+
+    def __getattr__(self, op):
+        if op in _UNARY_FN:
+            fn = _UNARY_FN[op]
+            return lambda x: self._emit(f"{fn}({x})", x.dtype)
+        if op in _BINARY_OP:
+            sym = _BINARY_OP[op]
+            return lambda a, b: self._emit(f"({a} {sym} {b})", T.bool_ if op in _PRED else a.dtype)
+        if op == "pow":
+            return self._pow
+        if op in ("maximum", "minimum", "floordiv", "remainder"):
+            fn = {"maximum": "stax_max", "minimum": "stax_min", "floordiv": "stax_floordiv",
+                  "remainder": "stax_remainder"}[op]
+            return lambda a, b: self._emit(f"{fn}({a}, {b})", a.dtype)
+        raise AttributeError(f"the C++ back end has no ops.{op}")
+
+
+# ---- Prop. 6.3: merging contiguous loop dimensions ----
+
+
+class _IndexCollector:
+    """ops handler collecting every index expression a body uses (loads and index_expr)."""
+
+    def __init__(self):
+        self.exprs = []
+
+    def load(self, name, index):
+        self.exprs.append(index)
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(expr)
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def _all_indices(nodes, xvars, rvars) -> list:
+    exprs = []
+    for n in nodes:
+        c = _IndexCollector()
+        idx, ridx = node_index(n, xvars, rvars)
+        with set_handler(c):
+            n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
+        exprs += c.exprs
+        exprs.append(store_index(n, xvars, rvars))
+    return exprs
+
+
+def merge_dims(sizes, vars_, exprs, ranges):
+    """Merge loop dims j, j+1 whenever every index uses them as one (Prop. 6.3).
+
+    Dims j, j+1 merge when each index expression is affine in (v_j, v_{j+1}) with
+    coeff(v_j) = size_{j+1}·coeff(v_{j+1}): then c·(size_{j+1}·v_j + v_{j+1}) is c·v for one variable
+    v over size_j·size_{j+1}. Returns (sizes, variables, steps): `steps` are substitutions to apply,
+    in order, to every (simplified) index expression of the kernel; and the merged expressions.
+    """
+    sizes, vars_ = list(sizes), list(vars_)
+    exprs = [simplify_index(e, ranges) for e in exprs]
+    steps = []
+    j = len(sizes) - 2
+    while j >= 0:
+        a, b = vars_[j], vars_[j + 1]
+        if all(_mergeable(e, a, b, sizes[j + 1]) for e in exprs):
+            step = {a: sympy.Integer(0), b: a}      # a keeps the merged loop's name
+            exprs = [sympy.expand(e.subs(step, simultaneous=True)) for e in exprs]
+            steps.append(step)
+            sizes[j] = sizes[j] * sizes[j + 1]
+            del sizes[j + 1], vars_[j + 1]
+        j -= 1
+    return sizes, vars_, steps, exprs
+
+
+def _mergeable(e, a, b, size_b) -> bool:
+    if not e.has(a) and not e.has(b):
+        return True
+    for atom in e.atoms(sympy.Function):
+        if atom.has(a) or atom.has(b):
+            return False
+    e = sympy.expand(e)
+    ca, cb = e.coeff(a), e.coeff(b)
+    if (e - ca * a - cb * b).has(a, b):
+        return False                                # not affine in (a, b)
+    return sympy.expand(ca - size_b * cb) == 0
+
+
+# ---- Kernels ----
+
+
+@dataclass
+class KernelArgs:
+    """Pointer parameters of one kernel, in the order they are first used."""
+    names: dict = field(default_factory=dict)      # buffer name -> parameter name
+    written: set = field(default_factory=set)
+
+
+class CppKernel:
+    def __init__(self, name, group, sched):
+        self.name, self.group, self.sched = name, group, sched
+        self.lowered = sched.lowered
+        self.reads: dict = {}          # buffer -> True (in order)
+        self.writes: dict = {}
+        self.locals: dict = {}
+        self.ranges: dict = {}         # loop var -> size, for index simplification
+        self.steps: list = []          # Prop. 6.3 merges, applied to every printed index
+        self.counter = [0]
+        self.target = {w: i for i, w in sched.lowered.mutations}   # write-back -> input it updates
+
+    def final(self, expr):
+        """An index expression over the printed loops: simplified, merged loops substituted."""
+        expr = simplify_index(expr, self.ranges)
+        for step in self.steps:
+            expr = sympy.expand(expr.subs(step, simultaneous=True))
+        return expr
+
+    def index(self, expr) -> str:
+        return cexpr(self.final(expr))
+
+    def dtype_of(self, name):
+        return self.lowered.buffer(name).dtype
+
+    def arg(self, name, read=False):
+        (self.reads if read else self.writes)[name] = True
+        return name   # placeholder, renamed to in_ptrN / out_ptrN in finish()
+
+    def printer(self):
+        return CppPrinter(self, self.counter)
+
+    def body(self, node, xvars, rvars, printer=None):
+        p = printer or self.printer()
+        idx, ridx = node_index(node, xvars, rvars)
+        with set_handler(p):
+            value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+        return p, value
+
+    def store(self, node, value, xvars, rvars) -> str:
+        index = self.index(store_index(node, xvars, rvars))
+        ptr = self.arg(self.target.get(node.name, node.name))
+        v = str(value)
+        if node.dtype == T.float16:
+            v = f"stax_f32_to_f16({v})"
+        elif node.dtype == T.bfloat16:
+            v = f"stax_f32_to_bf16({v})"
+        elif compute_dtype(node.dtype) != value.dtype:
+            v = f"static_cast<{ctype(node.dtype)}>({v})"
+        return f"{ptr}[{index}] = {v};"
+
+    def finish(self, loops: list) -> tuple:
+        """Rename buffers to in_ptrN/out_ptrN/in_out_ptrN; return (source, cdef, param buffers)."""
+        params, rename, n_in, n_out, n_io = [], {}, 0, 0, 0
+        for name in list(dict.fromkeys(list(self.reads) + list(self.writes))):
+            dtype = self.dtype_of(name)
+            if name in self.writes and name in self.reads:
+                pname, n_io = f"in_out_ptr{n_io}", n_io + 1
+                decl = f"{storage_ctype(dtype)}* {pname}"
+            elif name in self.writes:
+                pname, n_out = f"out_ptr{n_out}", n_out + 1
+                decl = f"{storage_ctype(dtype)}* {pname}"
+            else:
+                pname, n_in = f"in_ptr{n_in}", n_in + 1
+                decl = f"const {storage_ctype(dtype)}* {pname}"
+            rename[name] = pname
+            params.append((name, decl))
+        text = "\n".join(loops)
+        for name in sorted(rename, key=len, reverse=True):
+            text = _replace_word(text, f"{name}[", f"{rename[name]}[")
+        syms = sorted({s.name for s in _free_symbols(self.group)}, key=str)
+        decls = [d for _, d in params] + [f"int64_t {s}" for s in syms]
+        origins = ", ".join(dict.fromkeys(self.group.origins))
+        sig = f'extern "C" void {self.name}({", ".join(decls)})'
+        src = f"// {self.name}: computes {origins}\n{sig}\n{{\n{_indent(text)}\n}}\n"
+        return src, sig.replace('extern "C" ', "") + ";", [n for n, _ in params], syms
+
+
+def _replace_word(text, old, new):
+    import re
+    return re.sub(r"(?<![A-Za-z0-9_])" + re.escape(old), new, text)
+
+
+def _free_symbols(group) -> set:
+    syms = set()
+    for s in list(group.ranges) + list(group.reduction_ranges):
+        syms |= sympy.sympify(s).free_symbols
+    return syms
+
+
+def _indent(text, n=1):
+    pad = "    " * n
+    return "\n".join(pad + line if line else line for line in text.split("\n"))
+
+
+def _numel(sizes):
+    return sympy.sympify(sympy.prod(sizes)) if sizes else sympy.Integer(1)
+
+
+def _for(var, size, start=0, step=None):
+    inc = f"{var}++" if step is None else f"{var} += {step}"
+    return f"for (int64_t {var} = {start}; {var} < {cexpr(size)}; {inc})"
+
+
+def _loop_nest(k: CppKernel, xsizes, rsizes):
+    """Set up the kernel's loop variables: merge dims (Prop. 6.3), name the printed loops.
+
+    The IR bodies are always run with the unmerged variables x0.. / r0..; `k.steps` rewrites their
+    indices onto the printed loops. Returns (xvars, rvars, printed x names/sizes, printed r names/sizes).
+    """
+    xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
+    k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
+    exprs = _all_indices(k.group.nodes, xvars, rvars)
+    xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, exprs, k.ranges)
+    rs, rm, rsteps, _ = merge_dims(rsizes, rvars, exprs, {})
+    xnames, rnames = index_vars("x", len(xs)), index_vars("r", len(rs))
+    k.steps = xsteps + rsteps + [{**dict(zip(xm, xnames)), **dict(zip(rm, rnames))}]
+    return xvars, rvars, (xnames, xs), (rnames, rs)
+
+
+def _pointwise_kernel(k: CppKernel) -> list:
+    g = k.group
+    xvars, _, (names, sizes), _ = _loop_nest(k, g.ranges, [])
+    p = k.printer()
+    stores = []
+    for node in g.nodes:
+        _, value = k.body(node, xvars, [], printer=p)
+        k.locals[node.name] = value
+        if node.name not in k.sched.kernel_local:
+            stores.append(k.store(node, value, xvars, []))
+    body = p.lines + stores
+    if not names:
+        return body
+    numel = _numel(sizes)
+    parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
+    tile = _transpose_tile(k, xvars, names)
+    if tile is not None:
+        return _tiled_loops(names, sizes, tile, body, parallel)
+    lines, depth = [], 0
+    for d, (v, s) in enumerate(zip(names, sizes)):
+        inner = d == len(names) - 1
+        if d == 0 and parallel:
+            lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for"))
+        elif inner:
+            lines.append("    " * depth + "#pragma omp simd")
+        lines.append("    " * depth + _for(v, s) + " {")
+        depth += 1
+    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    for d in range(depth - 1, -1, -1):
+        lines.append("    " * d + "}")
+    return lines
+
+
+def _transpose_tile(k, xvars, names):
+    """The loop to tile with the innermost one when some load is contiguous along it instead (§8.2)."""
+    if len(names) < 2:
+        return None
+    inner = names[-1]
+    for e in _all_indices(k.group.nodes, xvars, []):
+        e = k.final(e)
+        if e.coeff(inner) == 1:
+            continue
+        for d, v in enumerate(names[:-1]):
+            if e.coeff(v) == 1:
+                return d
+    return None
+
+
+def _tiled_loops(names, sizes, d, body, parallel):
+    """Loops over TILE×TILE tiles of dims (d, last): both the strided load and the store stay in cache."""
+    a, b = names[d], names[-1]
+    outer = [(v, s) for v, s in zip(names, sizes) if v not in (a, b)]
+    lines = []
+    tile_loops = [(f"{a}_tile", sizes[d]), (f"{b}_tile", sizes[-1])]
+    all_outer = outer + tile_loops
+    if parallel:
+        lines.append(f"#pragma omp parallel for collapse({len(all_outer)})")
+    depth = 0
+    for v, s in outer:
+        lines.append("    " * depth + _for(v, s) + " {"); depth += 1
+    for v, s in tile_loops:
+        lines.append("    " * depth + _for(v, s, step=TILE) + " {"); depth += 1
+    lines.append("    " * depth + f"for (int64_t {a} = {a}_tile; {a} < stax_min<int64_t>({a}_tile + {TILE}, {cexpr(sizes[d])}); {a}++) {{")
+    depth += 1
+    lines.append("    " * depth + "#pragma omp simd")
+    lines.append("    " * depth + f"for (int64_t {b} = {b}_tile; {b} < stax_min<int64_t>({b}_tile + {TILE}, {cexpr(sizes[-1])}); {b}++) {{")
+    depth += 1
+    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    for dd in range(depth - 1, -1, -1):
+        lines.append("    " * dd + "}")
+    return lines
+
+
+# ---- §8 Reduction kernels: one row per OpenMP iteration, one pass over the row per phase ----
+
+_COMBINE = {
+    "sum": "{a} + {v}", "prod": "{a} * {v}",
+    "amax": "stax_max({a}, {v})", "amin": "stax_min({a}, {v})",
+}
+
+
+def _phases(k: CppKernel):
+    """Split the group's nodes into row statements and loops over the reduction dims.
+
+    A loop phase ends where a later node needs a reduction that phase computes.
+    """
+    g = k.group
+    phases = []
+    for node in g.nodes:
+        x, r = _node_loops(node)
+        per_element = isinstance(node, Reduction) or (len(x) == len(g.ranges) + len(g.reduction_ranges) and g.reduction_ranges)
+        kind = "loop" if per_element else "row"
+        if kind == "row":
+            phases.append(("row", [node]))
+            continue
+        if phases and phases[-1][0] == "loop":
+            open_reductions = {n.name for n in phases[-1][1] if isinstance(n, Reduction)}
+            xv, rv = index_vars("x", len(g.ranges)), index_vars("r", len(g.reduction_ranges))
+            if not ({name for name, _ in _reads(node, xv, rv)} & open_reductions):
+                phases[-1][1].append(node)
+                continue
+        phases.append(("loop", [node]))
+    return phases
+
+
+def _reduction_kernel(k: CppKernel) -> list:
+    g = k.group
+    xvars, rvars, (xnames, xsizes), (rnames, rsizes) = _loop_nest(k, g.ranges, g.reduction_ranges)
+    row = []
+    for phase, nodes in _phases(k):
+        if phase == "row":
+            for node in nodes:
+                p, value = k.body(node, xvars, rvars)
+                row += p.lines
+                k.locals[node.name] = value
+                if node.name not in k.sched.kernel_local:
+                    row.append(k.store(node, value, xvars, rvars))
+        else:
+            row += _reduction_loop(k, nodes, xvars, rvars, rnames, rsizes)
+    if not xnames:
+        return row
+    total = _numel(xsizes) * _numel(rsizes)
+    parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
+    lines = []
+    if parallel:
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+    depth = 0
+    for v, s in zip(xnames, xsizes):
+        lines.append("    " * depth + _for(v, s) + " {"); depth += 1
+    lines += ["    " * depth + line for line in "\n".join(row).split("\n")]
+    for d in range(depth - 1, -1, -1):
+        lines.append("    " * d + "}")
+    return lines
+
+
+def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
+    """One pass over the reduction dims computing `nodes` (reductions and per-element nodes)."""
+    reductions = [n for n in nodes if isinstance(n, Reduction)]
+    pre, post = [], []
+    for n in reductions:
+        acc, t = f"acc_{n.name}", ctype(n.src_dtype)
+        init = _identity(n)
+        if n.reduction_type in ("argmax", "argmin"):
+            pre.append(f"{t} {acc}[{LANES}]; int64_t {acc}_idx[{LANES}];")
+            pre.append(f"for (int l = 0; l < {LANES}; l++) {{ {acc}[l] = {init}; {acc}_idx[l] = 0; }}")
+        else:
+            pre.append(f"{t} {acc}[{LANES}];")
+            pre.append(f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init};")
+
+    def body(lane: str) -> list:
+        p = k.printer()
+        lines = []
+        for n in nodes:
+            _, value = k.body(n, xidx, ridx, printer=p)
+            if isinstance(n, Reduction):
+                acc = f"acc_{n.name}"
+                if n.reduction_type in ("argmax", "argmin"):
+                    cmp = ">" if n.reduction_type == "argmax" else "<"
+                    flat = cexpr(_flat_rindex(rnames, rsizes))
+                    lines.append(f"{{ bool take = ({value} {cmp} {acc}[{lane}]) || ({value} != {value} && {acc}[{lane}] == {acc}[{lane}]);"
+                                 f" {acc}[{lane}] = take ? {value} : {acc}[{lane}]; {acc}_idx[{lane}] = take ? {flat} : {acc}_idx[{lane}]; }}")
+                else:
+                    lines.append(f"{acc}[{lane}] = " + _COMBINE[n.reduction_type].format(a=f"{acc}[{lane}]", v=value) + ";")
+            else:
+                k.locals[n.name] = value
+                if n.name not in k.sched.kernel_local:
+                    lines.append(k.store(n, value, xidx, ridx))
+        for n in nodes:
+            if not isinstance(n, Reduction):
+                k.locals.pop(n.name, None)
+        return p.lines + lines
+
+    inner, innersize = rnames[-1], rsizes[-1]
+    outer_loops = [(v, s) for v, s in zip(rnames[:-1], rsizes[:-1])]
+    lines = list(pre)
+    depth = 0
+    for v, s in outer_loops:
+        lines.append("    " * depth + _for(v, s) + " {"); depth += 1
+    pad = "    " * depth
+    if reductions:
+        vec_end = f"({cexpr(innersize)}) / {LANES} * {LANES}" if not sympy.sympify(innersize).is_Integer \
+            else str(int(innersize) // LANES * LANES)
+        lines.append(pad + f"for (int64_t {inner}_lane0 = 0; {inner}_lane0 < {vec_end}; {inner}_lane0 += {LANES}) {{")
+        lines.append(pad + "    #pragma omp simd")
+        lines.append(pad + f"    for (int l = 0; l < {LANES}; l++) {{")
+        lines.append(pad + f"        int64_t {inner} = {inner}_lane0 + l;")
+        lines += [pad + "        " + s for s in "\n".join(body("l")).split("\n")]
+        lines.append(pad + "    }")
+        lines.append(pad + "}")
+        lines.append(pad + f"for (int64_t {inner} = {vec_end}; {inner} < {cexpr(innersize)}; {inner}++) {{")
+        lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
+        lines.append(pad + "}")
+    else:
+        lines.append(pad + "#pragma omp simd")
+        lines.append(pad + _for(inner, innersize) + " {")
+        lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
+        lines.append(pad + "}")
+    for d in range(depth - 1, -1, -1):
+        lines.append("    " * d + "}")
+    # combine the lanes, then keep the row's result in a variable (and store it unless kernel-local)
+    for n in reductions:
+        acc, t = f"acc_{n.name}", ctype(n.src_dtype)
+        var = f"tmp_{n.name}"
+        if n.reduction_type in ("argmax", "argmin"):
+            cmp = ">" if n.reduction_type == "argmax" else "<"
+            lines.append(f"{t} {var}_val = {acc}[0]; int64_t {var} = {acc}_idx[0];")
+            lines.append(f"for (int l = 1; l < {LANES}; l++) {{")
+            lines.append(f"    {t} v = {acc}[l]; int64_t i = {acc}_idx[l];")
+            lines.append(f"    bool vnan = v != v, bnan = {var}_val != {var}_val;")
+            lines.append(f"    bool take = (vnan && !bnan) || (vnan == bnan && (v {cmp} {var}_val || (v == {var}_val || vnan) && i < {var}));")
+            lines.append(f"    if (take) {{ {var}_val = v; {var} = i; }}")
+            lines.append("}")
+            value = CVar(var, T.int64)
+        else:
+            lines.append(f"{t} {var} = {acc}[0];")
+            comb = _COMBINE[n.reduction_type].format(a=var, v=f"{acc}[l]")
+            lines.append(f"for (int l = 1; l < {LANES}; l++) {var} = {comb};")
+            value = CVar(var, n.src_dtype)
+        k.locals[n.name] = value
+        if n.name not in k.sched.kernel_local:
+            lines.append(k.store(n, value, xidx, ridx))
+    return lines
+
+
+def _flat_rindex(rnames, rsizes):
+    flat = sympy.Integer(0)
+    for v, s in zip(rnames, rsizes):
+        flat = flat * s + v
+    return flat
+
+
+def _identity(n) -> str:
+    from .lower import REDUCTION_IDENTITY
+    return cliteral(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+
+
+# ---- The wrapper (§7.5 lifetimes) and the module ----
+
+# appended to the prelude in every kernel file: the thread count the wrapper sets from stax.set_num_threads
+_RUNTIME_CPP = """
+template <class T> STAX_INLINE T stax_abs(T x) { return x < 0 ? -x : x; }
+STAX_INLINE float stax_abs(float x) { return __builtin_fabsf(x); }
+STAX_INLINE double stax_abs(double x) { return __builtin_fabs(x); }
+STAX_INLINE float stax_pow(float a, float b) { return powf(a, b); }
+STAX_INLINE double stax_pow(double a, double b) { return pow(a, b); }
+template <class T> STAX_INLINE T stax_pow(T a, T b) {
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    T r = 1;
+    for (; b; b >>= 1, a *= a) if (b & 1) r *= a;
+    return r;
+}
+extern "C" void stax_set_num_threads(int n) { omp_set_num_threads(n); }
+
+"""
+
+
+@dataclass
+class CppModule:
+    kernels: dict           # kernel name -> C++ source (launch order)
+    wrapper: str            # Python source of `call(args)`
+    cdefs: list
+    schedule: object
+
+    @property
+    def source(self) -> str:
+        return cache.prelude() + _RUNTIME_CPP + "\n".join(self.kernels.values())
+
+    def __str__(self):
+        return "\n".join(self.kernels.values()) + "\n\n# ---- wrapper ----\n" + self.wrapper
+
+    def load(self):
+        """Compile the kernels (or find them in the cache) and import the wrapper; returns `call`."""
+        ffi, lib = cache.load_cpp(self.source, "\n".join(self.cdefs + ["void stax_set_num_threads(int n);"]))
+        path = cache.cache_dir() / "py" / f"wrapper_{cache.content_hash(self.wrapper)}.py"
+        if not path.exists():
+            cache.atomic_write(path, self.wrapper)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        mod.__dict__.update(_wrapper_globals(ffi, lib))
+        spec.loader.exec_module(mod)
+        return mod.call
+
+
+def _wrapper_globals(ffi, lib) -> dict:
+    """The names a generated wrapper calls: kernels, allocation, pointers, guards, fallbacks."""
+    casts = {d: f"{storage_ctype(d)}[]" for d in T.DTYPES.values()}
+    threads = [None]
+
+    def ptr(t):
+        return ffi.from_buffer(casts[t.dtype], t._storage.data) + t._meta.offset
+
+    def empty(shape, dtype):
+        return T.empty(*shape, dtype=dtype)
+
+    def launch_prologue():
+        if threads[0] != T.get_num_threads():
+            lib.stax_set_num_threads(T.get_num_threads())
+            threads[0] = T.get_num_threads()
+
+    g = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
+         "extern_kernel": extern_kernel, "launch_prologue": launch_prologue}
+    g.update({d.name: d for d in T.DTYPES.values()})
+    return g
+
+
+def assert_size_stride(t, shape, stride):
+    if tuple(t.shape) != shape or tuple(t.stride()) != stride:
+        raise AssertionError(f"expected size {shape} and stride {stride}, got size "
+                             f"{tuple(t.shape)} and stride {tuple(t.stride())}")
+
+
+def extern_kernel(op, inputs, params, dtype):
+    """§6.1 fallback: run the eager implementation of `op`; the result is contiguous."""
+    meta = T.Meta((), (), dtype)
+    return T._run_eager(op, inputs, params, [meta])[0]
+
+
+def _pyshape(shape) -> str:
+    items = [str(s) for s in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _wrapper(sched, calls) -> str:
+    """`call(args)`: check inputs, then per kernel allocate, launch, and `del` dead buffers (§7.5)."""
+    low = sched.lowered
+    names = [b.name for b in low.inputs]
+    lines = ["def call(args):"]
+    if names:
+        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
+    lines.append("    args.clear()")
+    for b in low.inputs:
+        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)})")
+    lines.append("    launch_prologue()")
+    defined = set(names)
+    keep = {o for o in low.outputs if isinstance(o, str)}
+    for gi, call, new in calls:
+        lines += ["    " + line for line in call]
+        defined |= new
+        dead = sorted(n for n in defined if sched.last_use.get(n) == gi and n not in keep)
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+            defined -= set(dead)
+    outs = [o if isinstance(o, str) else repr(o) for o in low.outputs]
+    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def generate(sched) -> CppModule:
+    """Print every fusion group as a C++ kernel (or a fallback call) and the wrapper around them."""
+    low = sched.lowered
+    kernels, cdefs, calls, allocated = {}, [], [], {b.name for b in low.inputs}
+    for g in sched.groups:
+        call, new = [], set()
+        if g.kind == "extern":
+            e = g.nodes[0]
+            args = ", ".join(_pyarg(a) for a in e.inputs)
+            call.append(f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, {e.dtype.name})")
+            for sym, (node_name, dim) in low.unbacked.items():
+                if node_name in e.origins:
+                    call.append(f"{sym} = {e.name}.shape[{dim}]")
+            new.add(e.name)
+        else:
+            k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)
+            loops = _pointwise_kernel(k) if g.kind == "pointwise" else _reduction_kernel(k)
+            src, cdef, params, syms = k.finish(loops)
+            kernels[k.name], _ = src, cdefs.append(cdef)
+            for name in params:
+                if name not in allocated:
+                    b = low.buffer(name)
+                    call.append(f"{name} = empty({_pyshape(b.layout.shape)}, {b.dtype.name})")
+                    new.add(name)
+            call.append(f"kernels.{k.name}({', '.join([f'ptr({p})' for p in params] + syms)})")
+        allocated |= new
+        calls.append((g.index, call, new))
+    return CppModule(kernels, _wrapper(sched, calls), cdefs, sched)
+
+
+def _pyarg(a):
+    if isinstance(a, list):
+        return "[" + ", ".join(_pyarg(x) for x in a) + "]"
+    return a if isinstance(a, str) else repr(a)
+
+
+def _pyparams(params) -> str:
+    items = [f"{k!r}: {v.name if isinstance(v, T.DType) else repr(v)}" for k, v in params.items()]
+    return "{" + ", ".join(items) + "}"

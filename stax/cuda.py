@@ -1,0 +1,1094 @@
+"""stax.cuda -- the GPU runtime: a cffi (ABI mode) binding of the CUDA driver, ``libcuda.so.1``.
+
+DESIGN.md, section "Runtime" (GPU bullet) and the book's section 9.7 (caching allocator). No PyTorch,
+CuPy or cuda-python underneath: ``cffi.FFI().dlopen("libcuda.so.1")``, no C compiler needed.
+
+What it consumes / produces
+  * consumes: cubins made by Triton (``compile_triton`` below wraps ``triton.compile`` for a target
+    with no GPU present), numpy arrays for host<->device copies;
+  * produces: ``DeviceBuffer`` (device memory from the caching allocator), ``Kernel`` / ``Launcher``
+    (a loaded cubin function plus a launch path whose argument array is built once), ``Event``,
+    ``Graph`` (CUDA-graph capture of the default stream), ``DeviceProperties``.
+
+Parts (banners below): driver binding & lazy init; errors; device properties; caching allocator;
+copies; streams & events; modules & launch (``Kernel``, ``Launcher``); Triton compile helper;
+CUDA graphs.
+
+Rules kept here
+  * importing this module touches neither the driver nor triton; the first real use initialises
+    (cuInit, primary context of device 0, one created stream -- not the legacy NULL stream, so that
+    CUDA graphs can capture it). ``is_available()`` never raises.
+  * every driver call is checked; failures raise ``CudaError`` with the driver's error name, e.g.
+    ``CUDA_ERROR_OUT_OF_MEMORY in cuMemAlloc_v2(1099511627776 bytes)``.
+  * all work goes on the one default stream, so stream order makes reuse of freed blocks safe.
+  * launches are asynchronous; ``synchronize()`` waits; ``copy_device_to_host`` syncs first.
+  * Triton >= 3.5 kernels take trailing scratch pointers (global_scratch, profile_scratch) after the
+    user arguments; ``Launcher`` passes NULL when the metadata's size is 0, otherwise a buffer of
+    ``size * grid programs * num_ctas`` bytes (Triton's own launcher rule), kept by the launcher.
+
+Where to look: tests/test_cuda.py (CPU and ``gpu``-marked tests), bench/cuda_runtime_check.py
+(device checks and timings).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import struct
+import threading
+import time
+
+__all__ = [
+    "CudaError", "CudaUnavailableError", "is_available", "init", "get_device_properties",
+    "DeviceProperties", "H200_PROPERTIES", "DeviceBuffer", "allocate", "memory_stats",
+    "reset_peak_memory_stats", "empty_cache", "copy_host_to_device", "copy_device_to_host",
+    "copy_device_to_device", "memset_zero", "to_device", "to_host", "Stream", "current_stream",
+    "synchronize", "Event", "Kernel", "Launcher", "load_kernel", "TritonKernelInfo",
+    "compile_triton", "launcher_for_triton", "Graph", "CDEF",
+]
+
+# ======================================================================================
+# Driver binding (cdef) and lazy initialisation
+# ======================================================================================
+
+CDEF = """
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+CUresult cuInit(unsigned int Flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxSynchronize(void);
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamSynchronize(CUstream hStream);
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleUnload(CUmodule hmod);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuFuncGetAttribute(int *pi, int attrib, CUfunction hfunc);
+CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value);
+CUresult cuLaunchKernel(CUfunction f,
+                        unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                        unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra);
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags);
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+"""
+
+# enum values from cuda.h
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8
+CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_STREAM_NON_BLOCKING = 1
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
+CU_EVENT_DEFAULT = 0
+
+_UNAVAILABLE_MSG = ("device='cuda' needs an NVIDIA GPU and its driver (libcuda.so.1); none was found: "
+                    "{reason}. Use device='cpu'.")
+
+_ffi_cached = None
+
+
+def _make_ffi():
+    """The cffi FFI with CDEF parsed (no driver needed). Cached."""
+    global _ffi_cached
+    if _ffi_cached is None:
+        import cffi
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        _ffi_cached = ffi
+    return _ffi_cached
+
+
+class _State:
+    """Everything that exists once the driver is up: one per process (device 0)."""
+    __slots__ = ("ffi", "lib", "device", "context", "stream", "init_seconds", "driver_version",
+                 "props", "alloc")
+
+
+_state: _State | None = None
+_init_error: str | None = None
+_init_lock = threading.RLock()
+
+
+class CudaUnavailableError(RuntimeError):
+    """Raised on any CUDA use when no usable GPU / driver exists."""
+
+
+def init() -> _State:
+    """Initialise the driver once (cuInit, primary context of device 0, the default stream)."""
+    global _state, _init_error
+    st = _state
+    if st is not None:
+        return st
+    with _init_lock:
+        if _state is not None:
+            return _state
+        if _init_error is not None:
+            raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error))
+        try:
+            _state = _do_init()
+        except CudaUnavailableError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- any failure here means "no GPU"
+            _init_error = f"{type(e).__name__}: {e}"
+            raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error)) from e
+        return _state
+
+
+def _do_init() -> _State:
+    global _init_error
+    if os.environ.get("STAX_DISABLE_CUDA", "") not in ("", "0"):
+        _init_error = "disabled by STAX_DISABLE_CUDA"
+        raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error))
+    t0 = time.perf_counter()
+    ffi = _make_ffi()
+    libname = os.environ.get("STAX_LIBCUDA", "libcuda.so.1")
+    try:
+        lib = ffi.dlopen(libname)
+    except OSError as e:
+        _init_error = f"cannot load {libname} ({str(e).split('.  Additionally')[0]})"
+        raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error)) from None
+    st = _State()
+    st.ffi, st.lib = ffi, lib
+    rc = lib.cuInit(0)
+    if rc != CUDA_SUCCESS:
+        _init_error = f"cuInit failed with {_error_name(ffi, lib, rc)}"
+        raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error))
+    n = ffi.new("int*")
+    _check_raw(ffi, lib, lib.cuDeviceGetCount(n), "cuDeviceGetCount")
+    if n[0] < 1:
+        _init_error = "the driver reports no CUDA devices"
+        raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error))
+    dev = ffi.new("CUdevice*")
+    _check_raw(ffi, lib, lib.cuDeviceGet(dev, 0), "cuDeviceGet", "0")
+    st.device = dev[0]
+    ctx = ffi.new("CUcontext*")
+    _check_raw(ffi, lib, lib.cuDevicePrimaryCtxRetain(ctx, st.device), "cuDevicePrimaryCtxRetain")
+    st.context = ctx[0]
+    _check_raw(ffi, lib, lib.cuCtxSetCurrent(st.context), "cuCtxSetCurrent")
+    ver = ffi.new("int*")
+    _check_raw(ffi, lib, lib.cuDriverGetVersion(ver), "cuDriverGetVersion")
+    st.driver_version = ver[0]
+    s = ffi.new("CUstream*")
+    # A created, blocking stream (flags 0): capturable by CUDA graphs, and ordered with the legacy
+    # stream that the synchronous cuMemcpy* calls use.
+    _check_raw(ffi, lib, lib.cuStreamCreate(s, 0), "cuStreamCreate")
+    st.stream = Stream._wrap(s[0], ffi)
+    st.props = None
+    st.alloc = _CachingAllocator(ffi, lib)
+    st.init_seconds = time.perf_counter() - t0
+    return st
+
+
+def is_available() -> bool:
+    """True when libcuda loads, cuInit succeeds and a device exists. Never raises."""
+    if _state is not None:
+        return True
+    try:
+        init()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def unavailable_reason() -> str | None:
+    """Why is_available() is False (None when it is True or was not asked yet)."""
+    return _init_error
+
+
+def init_seconds() -> float:
+    """Seconds spent in cuInit + context + stream creation by this process."""
+    return init().init_seconds
+
+
+def _ctx_current() -> None:
+    """Make the primary context current on this thread (contexts are per thread)."""
+    st = init()
+    cur = st.ffi.new("CUcontext*")
+    _check(st.lib.cuCtxGetCurrent(cur), "cuCtxGetCurrent")
+    if cur[0] != st.context:
+        _check(st.lib.cuCtxSetCurrent(st.context), "cuCtxSetCurrent")
+
+
+# ======================================================================================
+# Errors
+# ======================================================================================
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed. ``.code`` is the CUresult, ``.name`` e.g. CUDA_ERROR_OUT_OF_MEMORY."""
+
+    def __init__(self, code: int, name: str, call: str, detail: str = "", description: str = ""):
+        self.code, self.name, self.call = code, name, call
+        msg = f"{name} in {call}({detail})"
+        if description:
+            msg += f": {description}"
+        super().__init__(msg)
+
+
+def _error_name(ffi, lib, rc: int) -> str:
+    p = ffi.new("const char**")
+    if lib.cuGetErrorName(rc, p) == CUDA_SUCCESS and p[0] != ffi.NULL:
+        return ffi.string(p[0]).decode()
+    return f"CUDA_ERROR_{rc}"
+
+
+def _error_string(ffi, lib, rc: int) -> str:
+    p = ffi.new("const char**")
+    if lib.cuGetErrorString(rc, p) == CUDA_SUCCESS and p[0] != ffi.NULL:
+        return ffi.string(p[0]).decode()
+    return ""
+
+
+def _make_error(ffi, lib, rc: int, call: str, detail: str = "") -> CudaError:
+    return CudaError(rc, _error_name(ffi, lib, rc), call, detail, _error_string(ffi, lib, rc))
+
+
+def _check_raw(ffi, lib, rc: int, call: str, detail: str = "") -> None:
+    if rc != CUDA_SUCCESS:
+        raise _make_error(ffi, lib, rc, call, detail)
+
+
+def _check(rc: int, call: str, detail: str = "") -> None:
+    if rc != CUDA_SUCCESS:
+        st = _state
+        raise _make_error(st.ffi, st.lib, rc, call, detail)
+
+
+# ======================================================================================
+# Device properties
+# ======================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    sm_count: int
+    cc: tuple            # (major, minor)
+    max_shared_memory_per_block_optin: int
+    shared_memory_per_block: int
+    total_memory: int
+    warp_size: int
+    l2_cache_size: int = 0
+    max_threads_per_block: int = 1024
+    shared_memory_per_multiprocessor: int = 0
+
+
+# What code generation assumes when no GPU is present (the issue's default target).
+H200_PROPERTIES = DeviceProperties(
+    name="NVIDIA H200", sm_count=132, cc=(9, 0), max_shared_memory_per_block_optin=232448,
+    shared_memory_per_block=49152, total_memory=143771 * 2**20, warp_size=32,
+    l2_cache_size=60 * 2**20, max_threads_per_block=1024, shared_memory_per_multiprocessor=233472)
+
+
+def get_device_properties() -> DeviceProperties:
+    st = init()
+    if st.props is None:
+        ffi, lib = st.ffi, st.lib
+        v = ffi.new("int*")
+
+        def attr(a):
+            _check(lib.cuDeviceGetAttribute(v, a, st.device), "cuDeviceGetAttribute", str(a))
+            return v[0]
+
+        buf = ffi.new("char[256]")
+        _check(lib.cuDeviceGetName(buf, 256, st.device), "cuDeviceGetName")
+        total = ffi.new("size_t*")
+        _check(lib.cuDeviceTotalMem_v2(total, st.device), "cuDeviceTotalMem_v2")
+        st.props = DeviceProperties(
+            name=ffi.string(buf).decode(),
+            sm_count=attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            cc=(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+            max_shared_memory_per_block_optin=attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            shared_memory_per_block=attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
+            total_memory=int(total[0]),
+            warp_size=attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE),
+            l2_cache_size=attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            max_threads_per_block=attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+            shared_memory_per_multiprocessor=attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        )
+    return st.props
+
+
+def mem_get_info() -> tuple:
+    """(free, total) bytes on the device, from the driver."""
+    st = init()
+    f, t = st.ffi.new("size_t*"), st.ffi.new("size_t*")
+    _check(st.lib.cuMemGetInfo_v2(f, t), "cuMemGetInfo_v2")
+    return int(f[0]), int(t[0])
+
+
+def driver_version() -> int:
+    return init().driver_version
+
+
+# ======================================================================================
+# Caching allocator (section 9.7)
+# ======================================================================================
+
+_SMALL_LIMIT = 1 << 20          # requests up to 1 MiB: 512 B granules
+_SMALL_GRANULE = 512
+_LARGE_GRANULE = 2 << 20        # larger requests: 2 MiB granules
+
+
+def round_size(nbytes: int) -> int:
+    """The block size the allocator reserves for a request of nbytes (0 -> 512)."""
+    n = max(int(nbytes), 1)
+    g = _SMALL_GRANULE if n <= _SMALL_LIMIT else _LARGE_GRANULE
+    return (n + g - 1) // g * g
+
+
+class DeviceBuffer:
+    """A block of device memory from the caching allocator.
+
+    ``ptr`` (int) is the device address, ``nbytes`` the size asked for, ``block_size`` the rounded
+    size reserved. ``free()`` (or garbage collection) gives the block back to the cache, not the
+    driver. Work already queued on the default stream that uses the block stays correct: any later
+    user of the block is queued behind it on the same stream.
+    """
+    __slots__ = ("ptr", "nbytes", "block_size", "device", "_alloc", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int, block_size: int, alloc):
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.block_size = block_size
+        self.device = "cuda"
+        self._alloc = alloc
+
+    def free(self) -> None:
+        a = self._alloc
+        if a is not None:
+            self._alloc = None
+            a.release(self.ptr, self.block_size)
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown, driver gone
+            pass
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __repr__(self):
+        state = "" if self._alloc is not None else ", freed"
+        return f"DeviceBuffer(ptr=0x{self.ptr:x}, nbytes={self.nbytes}{state})"
+
+
+class _CachingAllocator:
+    """Free lists per rounded size; best fit among cached blocks of size in [n, 2n)."""
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib = ffi, lib
+        self.lock = threading.Lock()
+        self.free_blocks: dict[int, list[int]] = {}   # block size -> device pointers
+        self.free_sizes: list[int] = []                # sorted sizes that have cached blocks
+        self.allocated_bytes = 0
+        self.cached_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.num_cache_hits = 0
+        self.num_driver_allocs = 0
+        self.num_driver_frees = 0
+        self.num_ooms = 0
+        self._out = ffi.new("CUdeviceptr*")
+
+    def _take_cached(self, size: int):
+        sizes = self.free_sizes
+        i = bisect.bisect_left(sizes, size)
+        if i < len(sizes) and sizes[i] < 2 * size:
+            bsize = sizes[i]
+            lst = self.free_blocks[bsize]
+            ptr = lst.pop()
+            if not lst:
+                del self.free_blocks[bsize]
+                sizes.pop(i)
+            self.cached_bytes -= bsize
+            return ptr, bsize
+        return None
+
+    def allocate(self, nbytes: int) -> DeviceBuffer:
+        if nbytes < 0:
+            raise ValueError(f"negative allocation size {nbytes}")
+        size = round_size(nbytes)
+        with self.lock:
+            self.num_allocs += 1
+            hit = self._take_cached(size)
+            if hit is not None:
+                self.num_cache_hits += 1
+                ptr, bsize = hit
+            else:
+                ptr, bsize = self._driver_alloc(size), size
+            self.allocated_bytes += bsize
+            if self.allocated_bytes > self.peak_allocated_bytes:
+                self.peak_allocated_bytes = self.allocated_bytes
+        return DeviceBuffer(ptr, int(nbytes), bsize, self)
+
+    def _driver_alloc(self, size: int) -> int:
+        out = self._out
+        rc = self.lib.cuMemAlloc_v2(out, size)
+        if rc == CUDA_ERROR_OUT_OF_MEMORY and self.cached_bytes:
+            self._empty_cache_locked()
+            rc = self.lib.cuMemAlloc_v2(out, size)
+        if rc != CUDA_SUCCESS:
+            if rc == CUDA_ERROR_OUT_OF_MEMORY:
+                self.num_ooms += 1
+            err = _make_error(self.ffi, self.lib, rc, "cuMemAlloc_v2", f"{size} bytes")
+            if rc == CUDA_ERROR_OUT_OF_MEMORY:
+                err.args = (f"{err.args[0]} (stax holds {self.allocated_bytes} bytes allocated, "
+                            f"{self.cached_bytes} cached)",)
+            raise err
+        self.num_driver_allocs += 1
+        return int(out[0])
+
+    def release(self, ptr: int, bsize: int) -> None:
+        with self.lock:
+            self.num_frees += 1
+            self.allocated_bytes -= bsize
+            lst = self.free_blocks.get(bsize)
+            if lst is None:
+                self.free_blocks[bsize] = [ptr]
+                bisect.insort(self.free_sizes, bsize)
+            else:
+                lst.append(ptr)
+            self.cached_bytes += bsize
+
+    def _empty_cache_locked(self) -> None:
+        if not self.free_blocks:
+            return
+        # cuMemFree waits for work that may still touch the blocks; sync explicitly anyway.
+        st = _state
+        if st is not None:
+            _check(self.lib.cuStreamSynchronize(st.stream.handle), "cuStreamSynchronize")
+        for bsize, lst in self.free_blocks.items():
+            for ptr in lst:
+                _check(self.lib.cuMemFree_v2(ptr), "cuMemFree_v2", f"0x{ptr:x}")
+                self.num_driver_frees += 1
+        self.free_blocks.clear()
+        self.free_sizes.clear()
+        self.cached_bytes = 0
+
+    def empty_cache(self) -> None:
+        with self.lock:
+            self._empty_cache_locked()
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {
+                "allocated_bytes": self.allocated_bytes,
+                "reserved_bytes": self.allocated_bytes + self.cached_bytes,
+                "cached_bytes": self.cached_bytes,
+                "peak_allocated_bytes": self.peak_allocated_bytes,
+                "num_allocs": self.num_allocs,
+                "num_frees": self.num_frees,
+                "num_cache_hits": self.num_cache_hits,
+                "num_driver_allocs": self.num_driver_allocs,
+                "num_driver_frees": self.num_driver_frees,
+                "num_ooms": self.num_ooms,
+            }
+
+
+def allocate(nbytes: int) -> DeviceBuffer:
+    """nbytes of device memory from the caching allocator (contents undefined)."""
+    return init().alloc.allocate(nbytes)
+
+
+def memory_stats() -> dict:
+    """allocated_bytes, reserved_bytes, peak_allocated_bytes, num_allocs, num_cache_hits,
+    num_driver_allocs (plus cached_bytes, num_frees, num_driver_frees, num_ooms)."""
+    return init().alloc.stats()
+
+
+def reset_peak_memory_stats() -> None:
+    a = init().alloc
+    with a.lock:
+        a.peak_allocated_bytes = a.allocated_bytes
+
+
+def empty_cache() -> None:
+    """Give every cached (free) block back to the driver."""
+    init().alloc.empty_cache()
+
+
+# ======================================================================================
+# Copies (offsets in bytes; a DeviceBuffer or a raw int device pointer is accepted)
+# ======================================================================================
+
+def _dptr(buf, offset: int, nbytes: int, what: str) -> int:
+    if isinstance(buf, DeviceBuffer):
+        if buf._alloc is None:
+            raise ValueError(f"{what}: buffer was freed")
+        if offset < 0 or offset + nbytes > buf.nbytes:
+            raise ValueError(f"{what}: {nbytes} bytes at offset {offset} exceed the buffer's "
+                             f"{buf.nbytes} bytes")
+        return buf.ptr + offset
+    return int(buf) + offset
+
+
+def copy_host_to_device(dst, src, dst_offset: int = 0) -> None:
+    """Copy the bytes of a numpy array into dst (stream-ordered on the default stream).
+
+    Pageable host memory: the driver has taken the bytes when this returns, so ``src`` may be reused.
+    """
+    import numpy as np
+    st = init()
+    a = np.ascontiguousarray(src)
+    n = a.nbytes
+    p = _dptr(dst, dst_offset, n, "copy_host_to_device")
+    if n == 0:
+        return
+    h = st.ffi.from_buffer(a)
+    _check(st.lib.cuMemcpyHtoDAsync_v2(p, h, n, st.stream.handle), "cuMemcpyHtoDAsync_v2",
+           f"0x{p:x}, {n} bytes")
+
+
+def copy_device_to_host(dst, src, src_offset: int = 0) -> None:
+    """Copy dst.nbytes bytes from src into a writable C-contiguous numpy array (waits for the stream)."""
+    st = init()
+    if not dst.flags["C_CONTIGUOUS"] or not dst.flags["WRITEABLE"]:
+        raise ValueError("copy_device_to_host: destination must be a writable C-contiguous array")
+    n = dst.nbytes
+    p = _dptr(src, src_offset, n, "copy_device_to_host")
+    if n == 0:
+        return
+    _check(st.lib.cuStreamSynchronize(st.stream.handle), "cuStreamSynchronize")
+    h = st.ffi.from_buffer(dst, require_writable=True)
+    _check(st.lib.cuMemcpyDtoH_v2(h, p, n), "cuMemcpyDtoH_v2", f"0x{p:x}, {n} bytes")
+
+
+def copy_device_to_device(dst, src, nbytes: int, dst_offset: int = 0, src_offset: int = 0) -> None:
+    """Stream-ordered device copy of nbytes."""
+    st = init()
+    d = _dptr(dst, dst_offset, nbytes, "copy_device_to_device")
+    s = _dptr(src, src_offset, nbytes, "copy_device_to_device")
+    if nbytes == 0:
+        return
+    _check(st.lib.cuMemcpyDtoDAsync_v2(d, s, nbytes, st.stream.handle), "cuMemcpyDtoDAsync_v2",
+           f"0x{d:x}, 0x{s:x}, {nbytes} bytes")
+
+
+def memset_zero(buf, nbytes: int | None = None, offset: int = 0) -> None:
+    """Stream-ordered zero fill (the whole buffer when nbytes is None)."""
+    st = init()
+    if nbytes is None:
+        nbytes = buf.nbytes - offset
+    p = _dptr(buf, offset, nbytes, "memset_zero")
+    if nbytes == 0:
+        return
+    _check(st.lib.cuMemsetD8Async(p, 0, nbytes, st.stream.handle), "cuMemsetD8Async",
+           f"0x{p:x}, {nbytes} bytes")
+
+
+def to_device(array) -> DeviceBuffer:
+    """A new DeviceBuffer holding a copy of a numpy array's bytes."""
+    import numpy as np
+    a = np.ascontiguousarray(array)
+    buf = allocate(a.nbytes)
+    copy_host_to_device(buf, a)
+    return buf
+
+
+def to_host(buf, shape, dtype, offset: int = 0):
+    """A new numpy array of shape/dtype filled from buf (waits for the stream)."""
+    import numpy as np
+    out = np.empty(shape, dtype=dtype)
+    copy_device_to_host(out, buf, offset)
+    return out
+
+
+# ======================================================================================
+# Streams and events
+# ======================================================================================
+
+class Stream:
+    """A CUDA stream. The process's default one is ``current_stream()``."""
+    __slots__ = ("handle", "_owned", "__weakref__")
+
+    def __init__(self, flags: int = 0):
+        st = init()
+        s = st.ffi.new("CUstream*")
+        _check(st.lib.cuStreamCreate(s, flags), "cuStreamCreate")
+        self.handle, self._owned = s[0], True
+
+    @classmethod
+    def _wrap(cls, handle, ffi):
+        obj = cls.__new__(cls)
+        obj.handle, obj._owned = handle, False
+        return obj
+
+    def synchronize(self) -> None:
+        _check(_state.lib.cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+
+    def is_capturing(self) -> bool:
+        st = _state
+        v = st.ffi.new("int*")
+        _check(st.lib.cuStreamIsCapturing(self.handle, v), "cuStreamIsCapturing")
+        return v[0] != 0
+
+    @property
+    def ptr(self) -> int:
+        return int(_state.ffi.cast("uintptr_t", self.handle))
+
+    def __del__(self):
+        try:
+            if self._owned and _state is not None:
+                _state.lib.cuStreamDestroy_v2(self.handle)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def current_stream() -> Stream:
+    return init().stream
+
+
+def synchronize() -> None:
+    """Wait for all work queued on the default stream."""
+    st = init()
+    _check(st.lib.cuStreamSynchronize(st.stream.handle), "cuStreamSynchronize")
+
+
+def device_synchronize() -> None:
+    """Wait for all work on the device (cuCtxSynchronize)."""
+    st = init()
+    _check(st.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+class Event:
+    """A CUDA event (timing enabled). ``a.elapsed_time(b)``: milliseconds from a to b."""
+    __slots__ = ("handle",)
+
+    def __init__(self, flags: int = CU_EVENT_DEFAULT):
+        st = init()
+        e = st.ffi.new("CUevent*")
+        _check(st.lib.cuEventCreate(e, flags), "cuEventCreate")
+        self.handle = e[0]
+
+    def record(self, stream: Stream | None = None) -> "Event":
+        st = _state
+        s = (stream or st.stream).handle
+        _check(st.lib.cuEventRecord(self.handle, s), "cuEventRecord")
+        return self
+
+    def synchronize(self) -> None:
+        _check(_state.lib.cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+    def elapsed_time(self, other: "Event") -> float:
+        st = _state
+        ms = st.ffi.new("float*")
+        _check(st.lib.cuEventElapsedTime(ms, self.handle, other.handle), "cuEventElapsedTime")
+        return float(ms[0])
+
+    def __del__(self):
+        try:
+            if _state is not None:
+                _state.lib.cuEventDestroy_v2(self.handle)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# ======================================================================================
+# Modules and launch
+# ======================================================================================
+
+# Triton signature spelling -> (struct code for one 8-byte slot, is pointer)
+_ARG_CODES = {
+    "i1": "i4x", "i8": "i4x", "i16": "i4x", "i32": "i4x",
+    "u1": "I4x", "u8": "I4x", "u16": "I4x", "u32": "I4x",
+    "i64": "q", "u64": "Q",
+    "fp16": "f4x", "bf16": "f4x", "fp32": "f4x", "f32": "f4x",
+    "fp64": "d",
+}
+
+
+def _arg_code(ty: str) -> str:
+    if ty.startswith("*"):
+        return "Q"
+    try:
+        return _ARG_CODES[ty]
+    except KeyError:
+        raise ValueError(f"unsupported kernel argument type {ty!r} (pointer '*fp32', 'i32', 'i64', "
+                         f"'fp32', 'fp64', ...)") from None
+
+
+class Kernel:
+    """One function of a loaded cubin. ``launch(grid, args, signature)`` launches it."""
+
+    def __init__(self, module, function, name: str, shared_mem: int, num_warps: int, cubin: bytes):
+        st = _state
+        self.module, self.function, self.name = module, function, name
+        self.shared_mem, self.num_warps = int(shared_mem), int(num_warps)
+        self._cubin = cubin          # keep the image alive with the module
+        self._launchers: dict = {}
+        v = st.ffi.new("int*")
+
+        def fattr(a):
+            _check(st.lib.cuFuncGetAttribute(v, a, function), "cuFuncGetAttribute", f"{name}, {a}")
+            return v[0]
+
+        self.num_regs = fattr(CU_FUNC_ATTRIBUTE_NUM_REGS)
+        self.local_size_bytes = fattr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+        self.static_shared_bytes = fattr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        self.max_threads_per_block = fattr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+
+    def launcher(self, signature, **kw) -> "Launcher":
+        return Launcher(self, signature, **kw)
+
+    def launch(self, grid, args, signature, **kw) -> None:
+        """Launch with a Launcher cached per signature (kw: Launcher's scratch options).
+
+        For the lowest host cost keep the Launcher (``kernel.launcher(signature)``) and call it."""
+        key = tuple(signature.values()) if isinstance(signature, dict) else tuple(signature)
+        lz = self._launchers.get(key)
+        if lz is None:
+            lz = self._launchers[key] = Launcher(self, list(key), **kw)
+        lz.launch(grid, args)
+
+    def __repr__(self):
+        return (f"Kernel({self.name!r}, num_warps={self.num_warps}, shared_mem={self.shared_mem}, "
+                f"regs={self.num_regs})")
+
+
+def load_kernel(cubin: bytes, name: str, shared_mem: int = 0, num_warps: int = 4) -> Kernel:
+    """cuModuleLoadData + cuModuleGetFunction; raises the dynamic shared-memory limit past 48 KiB."""
+    st = init()
+    _ctx_current()
+    ffi, lib = st.ffi, st.lib
+    image = ffi.from_buffer(cubin) if not isinstance(cubin, str) else ffi.new("char[]", cubin.encode())
+    mod = ffi.new("CUmodule*")
+    _check(lib.cuModuleLoadData(mod, image), "cuModuleLoadData", f"{len(cubin)} bytes, {name}")
+    fn = ffi.new("CUfunction*")
+    _check(lib.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction", name)
+    if shared_mem > 49152:
+        optin = get_device_properties().max_shared_memory_per_block_optin
+        v = ffi.new("int*")
+        _check(lib.cuFuncGetAttribute(v, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn[0]),
+               "cuFuncGetAttribute", name)
+        if shared_mem + v[0] > optin:
+            raise ValueError(f"kernel {name} needs {shared_mem} B of dynamic shared memory (+{v[0]} "
+                             f"static); the device allows {optin} B per block")
+        # Triton's rule: allow everything the block may opt into, minus the static part.
+        _check(lib.cuFuncSetAttribute(fn[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      optin - v[0]),
+               "cuFuncSetAttribute", f"{name}, MAX_DYNAMIC_SHARED_SIZE_BYTES={optin - v[0]}")
+    return Kernel(mod[0], fn[0], name, shared_mem, num_warps, cubin)
+
+
+class Launcher:
+    """Launch path for one kernel and one argument signature, built once.
+
+    ``signature``: Triton's spelling per parameter, e.g. ``["*fp32", "*fp32", "i32"]``
+    ("constexpr" entries, or a dict's values, are accepted and dropped). The void*[] parameter array
+    and one 8-byte slot per parameter are allocated once; ``launch`` packs the values into the slots
+    with one ``struct.pack_into`` and calls cuLaunchKernel. ``num_scratch_params`` trailing pointer
+    parameters follow the user's (Triton 3.5+: global_scratch, profile_scratch); each is NULL when its
+    size is 0, otherwise a buffer of ``size * gridX*gridY*gridZ * num_ctas`` bytes owned by the
+    launcher (grown when a larger grid needs it; fine for graph capture since it is never freed while
+    the launcher lives).
+    """
+
+    def __init__(self, kernel: Kernel, signature, *, num_scratch_params: int = 0,
+                 global_scratch_size: int = 0, global_scratch_align: int = 1,
+                 profile_scratch_size: int = 0, profile_scratch_align: int = 1,
+                 num_ctas: int = 1, stream: Stream | None = None):
+        st = init()
+        ffi = st.ffi
+        if isinstance(signature, dict):
+            signature = list(signature.values())
+        sig = [s for s in signature if s != "constexpr"]
+        if num_ctas != 1:
+            raise NotImplementedError("num_ctas > 1 (thread-block clusters) is not supported")
+        self.kernel = kernel
+        self.signature = sig
+        self.nargs = len(sig)
+        self._ptr_idx = tuple(i for i, s in enumerate(sig) if s.startswith("*"))
+        nparams = self.nargs + num_scratch_params
+        self._buf = ffi.new("char[]", 8 * max(nparams, 1))     # 8-byte aligned slots
+        self._params = ffi.new("void*[]", max(nparams, 1))
+        for i in range(nparams):
+            self._params[i] = self._buf + 8 * i
+        self._pack_into = struct.Struct("<" + "".join(_arg_code(s) for s in sig)).pack_into
+        self._mem = ffi.buffer(self._buf)
+        self._func = kernel.function
+        self._block = 32 * kernel.num_warps
+        self._shared = kernel.shared_mem
+        self._stream = (stream or st.stream).handle
+        self._call = st.lib.cuLaunchKernel
+        self._null = ffi.NULL
+        # scratch: (slot index, bytes per program, buffer or None)
+        self._scratch = []
+        sizes = [global_scratch_size, profile_scratch_size][:num_scratch_params]
+        for j in range(num_scratch_params):
+            size = sizes[j] if j < len(sizes) else 0
+            struct.pack_into("<Q", self._mem, 8 * (self.nargs + j), 0)
+            if size:
+                self._scratch.append([self.nargs + j, int(size) * num_ctas, None])
+
+    def _ensure_scratch(self, programs: int) -> None:
+        for ent in self._scratch:
+            need = ent[1] * programs
+            buf = ent[2]
+            if buf is None or buf.nbytes < need:
+                ent[2] = buf = allocate(need)
+                struct.pack_into("<Q", self._mem, 8 * ent[0], buf.ptr)
+
+    def launch(self, grid, args) -> None:
+        """Queue one launch on the launcher's stream. grid: int or tuple of 1-3 ints."""
+        if grid.__class__ is tuple and len(grid) == 3:
+            gx, gy, gz = grid
+        elif isinstance(grid, int):
+            gx, gy, gz = grid, 1, 1
+        else:
+            g = tuple(grid) + (1, 1)
+            gx, gy, gz = g[0], g[1], g[2]
+        if self._ptr_idx:
+            args = list(args)
+            for i in self._ptr_idx:
+                a = args[i]
+                if a.__class__ is not int:
+                    args[i] = 0 if a is None else a.ptr
+        try:
+            self._pack_into(self._mem, 0, *args)
+        except struct.error as e:
+            raise TypeError(f"{self.kernel.name}: arguments {list(args)!r} do not match the "
+                            f"signature {self.signature}: {e}") from None
+        if self._scratch:
+            self._ensure_scratch(gx * gy * gz)
+        if gx * gy * gz == 0:
+            return
+        rc = self._call(self._func, gx, gy, gz, self._block, 1, 1, self._shared, self._stream,
+                        self._params, self._null)
+        if rc:
+            _check(rc, "cuLaunchKernel", f"{self.kernel.name}, grid=({gx}, {gy}, {gz}), "
+                                         f"block={self._block}, shared={self._shared}")
+
+    __call__ = launch
+
+
+# ======================================================================================
+# Triton compile helper (no GPU needed)
+# ======================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class TritonKernelInfo:
+    """What a launch needs from Triton's compiled metadata (plain values: cacheable as JSON)."""
+    name: str
+    num_warps: int
+    num_stages: int
+    shared: int
+    num_ctas: int = 1
+    global_scratch_size: int = 0
+    global_scratch_align: int = 1
+    profile_scratch_size: int = 0
+    profile_scratch_align: int = 1
+    num_scratch_params: int = 2      # trailing pointer params of the PTX entry after user args
+    num_user_params: int = 0
+    launch_cooperative_grid: bool = False
+    launch_pdl: bool = False
+    triton_version: str = ""
+    arch: str = ""
+
+
+def _ptx_entry_param_count(ptx: str, name: str) -> int | None:
+    i = ptx.find(f".entry {name}(")
+    if i < 0:
+        return None
+    j = ptx.find(")", i)
+    return ptx[i:j].count(".param")
+
+
+def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warps: int = 4,
+                   num_stages: int = 3, cc: int = 90):
+    """Compile a @triton.jit function for sm_{cc} without a GPU.
+
+    signature: {arg name: "*fp32" | "i32" | ... | "constexpr"}; constexprs: {arg name: value}.
+    Returns (cubin bytes, TritonKernelInfo, kernel name).
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    constexprs = dict(constexprs or {})
+    sig = dict(signature)
+    for k in constexprs:
+        sig.setdefault(k, "constexpr")
+    try:
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    except TypeError:  # older spelling
+        src = ASTSource(fn=fn, signature=sig, constants=constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    md = compiled.metadata
+    name = md.name
+    n_user = sum(1 for v in sig.values() if v != "constexpr")
+    n_entry = _ptx_entry_param_count(compiled.asm.get("ptx", ""), name)
+    n_scratch = (n_entry - n_user) if n_entry is not None else 2
+    if not 0 <= n_scratch <= 2:
+        raise RuntimeError(f"Triton kernel {name}: PTX entry declares {n_entry} parameters for "
+                           f"{n_user} user arguments; cannot place the scratch arguments")
+    info = TritonKernelInfo(
+        name=name, num_warps=int(md.num_warps), num_stages=int(getattr(md, "num_stages", num_stages)),
+        shared=int(md.shared), num_ctas=int(getattr(md, "num_ctas", 1)),
+        global_scratch_size=int(getattr(md, "global_scratch_size", 0) or 0),
+        global_scratch_align=int(getattr(md, "global_scratch_align", 1) or 1),
+        profile_scratch_size=int(getattr(md, "profile_scratch_size", 0) or 0),
+        profile_scratch_align=int(getattr(md, "profile_scratch_align", 1) or 1),
+        num_scratch_params=n_scratch, num_user_params=n_user,
+        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
+        launch_pdl=bool(getattr(md, "launch_pdl", False)),
+        triton_version=str(getattr(triton, "__version__", "")), arch=str(getattr(md, "arch", "")))
+    return compiled.asm["cubin"], info, name
+
+
+def launcher_for_triton(cubin: bytes, info: TritonKernelInfo, signature,
+                        stream: Stream | None = None) -> Launcher:
+    """Load a cubin from compile_triton and build its Launcher (scratch parameters included)."""
+    if info.launch_cooperative_grid or info.launch_pdl:
+        raise NotImplementedError(f"{info.name}: cooperative / PDL launches are not supported")
+    k = load_kernel(cubin, info.name, info.shared, info.num_warps)
+    return Launcher(k, signature, num_scratch_params=info.num_scratch_params,
+                    global_scratch_size=info.global_scratch_size,
+                    global_scratch_align=info.global_scratch_align,
+                    profile_scratch_size=info.profile_scratch_size,
+                    profile_scratch_align=info.profile_scratch_align,
+                    num_ctas=info.num_ctas, stream=stream)
+
+
+# ======================================================================================
+# CUDA graphs (capture of the default stream)
+# ======================================================================================
+
+class Graph:
+    """Capture the work queued on the default stream, replay it with one cuGraphLaunch.
+
+        g = Graph()
+        with g:            # capture (nothing runs)
+            launcher(grid, args) ...
+        g.replay()         # runs the captured work; synchronize() to wait
+
+    Buffers used inside must stay alive (and not be freed back to the cache) while the graph may
+    replay. Capture mode is RELAXED, so allocator misses (cuMemAlloc) during capture are allowed.
+    """
+
+    def __init__(self):
+        self._graph = None
+        self._exec = None
+        self._capturing = False
+
+    def capture_begin(self) -> None:
+        st = init()
+        _check(st.lib.cuStreamBeginCapture_v2(st.stream.handle, CU_STREAM_CAPTURE_MODE_RELAXED),
+               "cuStreamBeginCapture_v2")
+        self._capturing = True
+
+    def capture_end(self) -> None:
+        st = _state
+        g = st.ffi.new("CUgraph*")
+        self._capturing = False
+        _check(st.lib.cuStreamEndCapture(st.stream.handle, g), "cuStreamEndCapture")
+        self._destroy()
+        self._graph = g[0]
+        ex = st.ffi.new("CUgraphExec*")
+        _check(st.lib.cuGraphInstantiateWithFlags(ex, self._graph, 0), "cuGraphInstantiateWithFlags")
+        self._exec = ex[0]
+
+    def __enter__(self):
+        self.capture_begin()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.capture_end()
+        elif self._capturing:
+            st = _state
+            g = st.ffi.new("CUgraph*")
+            self._capturing = False
+            st.lib.cuStreamEndCapture(st.stream.handle, g)   # end the broken capture, ignore rc
+            if g[0] != st.ffi.NULL:
+                st.lib.cuGraphDestroy(g[0])
+        return False
+
+    def replay(self) -> None:
+        if self._exec is None:
+            raise RuntimeError("Graph.replay: nothing captured")
+        st = _state
+        _check(st.lib.cuGraphLaunch(self._exec, st.stream.handle), "cuGraphLaunch")
+
+    def _destroy(self) -> None:
+        st = _state
+        if st is None:
+            return
+        if self._exec is not None:
+            st.lib.cuGraphExecDestroy(self._exec)
+            self._exec = None
+        if self._graph is not None:
+            st.lib.cuGraphDestroy(self._graph)
+            self._graph = None
+
+    def __del__(self):
+        try:
+            self._destroy()
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,260 @@
+"""§7 Scheduling: dependence graph, fusion, kernel order, buffer lifetimes.
+
+Consumes a `lower.LoweredGraph` (IR buffers in dependence order) and produces a `Schedule`: an
+ordered list of `FusionGroup`s, each of which becomes one kernel, plus the lifetime facts the
+wrapper needs (after which kernel each buffer is dead, which buffers never leave a kernel).
+
+Every computed buffer is iterated over *loop ranges*: a pointwise buffer over its shape, a reduction
+over (kept ranges, reduction ranges). Size-1 dimensions are dropped first, so `[64, 1]` and `[64]`
+meet. Two buffers can share a kernel when their loops fit one loop nest:
+  - pointwise + pointwise over the same ranges (vertical chains that were realized, and independent
+    nodes side by side: horizontal fusion);
+  - a reduction with pointwise nodes over its kept ranges (per-row values, e.g. `mean = sum / n`) or
+    over kept + reduced ranges (per-element prologue/epilogue, e.g. softmax's `exp(x - max) / sum`);
+  - several reductions over the same rows (softmax's max and sum; layer_norm's mean and variance),
+    even when one needs the other's result: the kernel makes one pass over the row per phase.
+A consumer may join its producer's kernel only if it reads the producer at exactly the point where
+the producer stores it in that loop nest (§7.1's dependence edge becomes program order in the loop
+body); otherwise it starts a later kernel.
+
+Where to look:
+  - `loop_ranges`, `_node_loops` ............ a buffer's loop nest with size-1 dims dropped
+  - `_reads` ................................ the loads a body makes (run with a collecting handler)
+  - `_can_join` ............................. the fusion rule above
+  - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .lower import (ExternKernel, Pointwise, Reduction, index_vars, ops, set_handler,
+                    simplify_index)
+
+# ---- Data types ----
+
+
+@dataclass
+class FusionGroup:
+    """One kernel: nodes run in this order inside one loop nest over (ranges, reduction_ranges)."""
+    index: int
+    kind: str                        # 'pointwise' | 'reduction' | 'extern'
+    ranges: list                     # x (kept) loop sizes
+    reduction_ranges: list           # r loop sizes ([] for pointwise)
+    nodes: list = field(default_factory=list)
+
+    @property
+    def origins(self) -> list:
+        return [o for n in self.nodes for o in n.origins]
+
+
+@dataclass
+class Schedule:
+    groups: list                     # FusionGroup, in launch order
+    lowered: object                  # the LoweredGraph
+    last_use: dict                   # buffer name -> index of the last group that reads it
+    kernel_local: set                # buffers whose producer and readers share one kernel (never stored)
+
+
+# ---- Loop ranges of one buffer ----
+
+
+def loop_ranges(sizes) -> tuple:
+    """Drop size-1 dims; return (kept sizes, positions of the kept dims)."""
+    kept = [(k, s) for k, s in enumerate(sizes) if s != 1]
+    return [s for _, s in kept], [k for k, _ in kept]
+
+
+def _node_loops(buf):
+    """(x ranges, r ranges) of a computed buffer, size-1 dims dropped."""
+    if isinstance(buf, Reduction):
+        return loop_ranges(buf.ranges)[0], loop_ranges(buf.reduction_ranges)[0]
+    return loop_ranges(buf.ranges)[0], []
+
+
+def node_index(buf, xvars, rvars):
+    """The buffer's own index (and rindex) for the group loop variables xvars (+ rvars).
+
+    A pointwise node over kept + reduced ranges takes xvars + rvars; size-1 dims get 0.
+    """
+    def expand(sizes, vars_):
+        _, pos = loop_ranges(sizes)
+        full, it = [sympy.Integer(0)] * len(sizes), iter(vars_)
+        for k in pos:
+            full[k] = next(it)
+        return full
+    if isinstance(buf, Reduction):
+        return expand(buf.ranges, xvars), expand(buf.reduction_ranges, rvars)
+    n = len(loop_ranges(buf.ranges)[0])
+    return expand(buf.ranges, (list(xvars) + list(rvars))[:n]), None
+
+
+def store_index(buf, xvars, rvars):
+    idx, _ = node_index(buf, xvars, rvars)
+    return buf.layout.index(idx)
+
+
+# ---- Which loads a body makes ----
+
+
+class _LoadCollector:
+    """An ops handler that only records `ops.load(name, index)` calls."""
+
+    def __init__(self):
+        self.loads = []
+
+    def load(self, name, index):
+        self.loads.append((name, index))
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def _reads(buf, xvars, rvars) -> list:
+    """[(buffer name, index expression)] for every load in buf's body, in the group's loop vars."""
+    c = _LoadCollector()
+    idx, ridx = node_index(buf, xvars, rvars)
+    with set_handler(c):
+        if isinstance(buf, Reduction):
+            buf.inner_fn(idx, ridx)
+        else:
+            buf.inner_fn(idx)
+    return c.loads
+
+
+def buffer_reads(buf) -> set:
+    """Names of the buffers a node reads (any index)."""
+    if isinstance(buf, ExternKernel):
+        names = set()
+        for a in buf.inputs:
+            for x in (a if isinstance(a, list) else [a]):
+                if isinstance(x, str):
+                    names.add(x)
+        return names
+    x, r = _node_loops(buf)
+    return {name for name, _ in _reads(buf, index_vars("x", len(x)), index_vars("r", len(r)))}
+
+
+# ---- §7 Fusion ----
+
+
+def _fits(group: FusionGroup, buf) -> tuple | None:
+    """The (ranges, reduction_ranges) of `group` after adding `buf`, or None if the loops differ."""
+    if isinstance(buf, ExternKernel) or group.kind == "extern":
+        return None
+    bx, br = _node_loops(buf)
+    gx, gr = group.ranges, group.reduction_ranges
+    if isinstance(buf, Reduction):
+        if group.kind == "reduction":
+            return (gx, gr) if (bx, br) == (gx, gr) else None
+        # a pointwise group joins a reduction over its rows (x-level) or its elements (x + r)
+        return (bx, br) if gx in (bx, bx + br) else None
+    if group.kind == "reduction":
+        return (gx, gr) if bx in (gx, gx + gr) else None
+    return (gx, gr) if bx == gx else None
+
+
+def _can_join(group: FusionGroup, buf, producers: dict, writes_input: str | None, readers: dict) -> bool:
+    fit = _fits(group, buf)
+    if fit is None:
+        return False
+    gx, gr = fit
+    xvars, rvars = index_vars("x", len(gx)), index_vars("r", len(gr))
+    ranges = dict(zip(xvars + rvars, gx + gr))
+    here = {n.name: n for n in group.nodes}
+    for name, index in _reads(buf, xvars, rvars):
+        if name in here:
+            # read exactly where the producer stores in this loop nest, or not in this kernel
+            want = store_index(here[name], xvars, rvars)
+            if simplify_index(index - want, ranges) != 0:
+                return False
+    if writes_input is not None:
+        # a write-back into an input: every reader of that input in this kernel reads the same point
+        target = store_index(buf, xvars, rvars)
+        for node in group.nodes:
+            for name, index in _reads(node, xvars, rvars):
+                if name == writes_input and simplify_index(index - target, ranges) != 0:
+                    return False
+    return True
+
+
+def schedule(lowered) -> Schedule:
+    """Place each buffer, in dependence order, into the first kernel it can join.
+
+    A buffer may only join a kernel at or after the kernels of everything it depends on (its
+    producers, and for a write-back into an input, every earlier reader of that input).
+    """
+    groups: list = []
+    group_of: dict = {}              # buffer name -> group index
+    readers: dict = {}               # buffer/input name -> groups that read it
+    input_names = {b.name for b in lowered.inputs}
+    for buf in lowered.buffers:
+        reads = buffer_reads(buf)
+        earliest = max([group_of[r] for r in reads if r in group_of] + [0])
+        writes_input = None
+        if isinstance(buf, Pointwise) and any(buf.name == w for _, w in lowered.mutations):
+            writes_input = next(i for i, w in lowered.mutations if w == buf.name)
+            earliest = max([earliest] + list(readers.get(writes_input, [])))
+        if isinstance(buf, ExternKernel):
+            earliest = max(earliest, len(groups) - 1 if groups else 0)
+        placed = None
+        for g in groups[earliest:]:
+            if _can_join(g, buf, group_of, writes_input, readers):
+                placed = g
+                break
+        if placed is None:
+            if isinstance(buf, ExternKernel):
+                placed = FusionGroup(len(groups), "extern", [], [])
+            else:
+                x, r = _node_loops(buf)
+                placed = FusionGroup(len(groups), "reduction" if isinstance(buf, Reduction) else "pointwise", x, r)
+            groups.append(placed)
+        else:
+            fit = _fits(placed, buf)
+            if isinstance(buf, Reduction) and placed.kind == "pointwise":
+                placed.kind = "reduction"
+            placed.ranges, placed.reduction_ranges = fit
+        placed.nodes.append(buf)
+        group_of[buf.name] = placed.index
+        for r in reads:
+            readers.setdefault(r, set()).add(placed.index)
+
+    # §7.5 lifetimes: the last kernel that reads each buffer; buffers that never leave their kernel
+    last_use = {}
+    for name, gs in readers.items():
+        last_use[name] = max(gs)
+    outputs = {o for o in lowered.outputs if isinstance(o, str)}
+    written_back = {w for _, w in lowered.mutations}
+    kernel_local = set()
+    for g in groups:
+        for n in g.nodes:
+            private = readers.get(n.name, set()) <= {g.index}
+            if (private and n.name not in outputs and n.name not in written_back
+                    and g.kind != "extern" and not _is_elementwise(n, g)):
+                kernel_local.add(n.name)
+    return Schedule(groups, lowered, last_use, kernel_local)
+
+
+def _is_elementwise(buf, group) -> bool:
+    """True when a pointwise node in a reduction kernel runs per element (x + r), not per row."""
+    return isinstance(buf, Pointwise) and len(group.reduction_ranges) > 0 and \
+        _node_loops(buf)[0] == group.ranges + group.reduction_ranges
+
+
+def format_schedule(sched: Schedule) -> str:
+    lines = []
+    for g in sched.groups:
+        if g.kind == "extern":
+            lines.append(f"kernel {g.index}: extern {g.nodes[0].op} -> {g.nodes[0].name}  # {', '.join(g.origins)}")
+            continue
+        shape = f"ranges={g.ranges}" + (f" reduction_ranges={g.reduction_ranges}" if g.kind == "reduction" else "")
+        lines.append(f"kernel {g.index}: {g.kind} {shape} nodes={[n.name for n in g.nodes]}  "
+                     f"# fuses {', '.join(g.origins)}")
+    local = sorted(sched.kernel_local)
+    if local:
+        lines.append(f"kept inside their kernel (never stored): {', '.join(local)}")
+    return "\n".join(lines)
