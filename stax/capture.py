@@ -131,7 +131,9 @@ class Tracer:
     def record(self, op, inputs, params, metas):
         args = [[self._node_of(y) for y in x] if isinstance(x, (list, tuple)) else self._node_of(x)
                 for x in inputs]
-        base = inputs[0]._base or inputs[0] if op in T.VIEW_OPS else None
+        base = None
+        if op in T.VIEW_OPS:
+            base = inputs[0]._base if inputs[0]._base is not None else inputs[0]
         outs = []
         for k, meta in enumerate(metas):
             name = self._name(op if k == 0 else f"{op}_out{k}")

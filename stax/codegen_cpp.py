@@ -141,6 +141,11 @@ _BINARY_OP = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "n
 _PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
 
 
+def _template_arg(dtype) -> str:
+    """Integer helpers are templates; naming the type keeps `x (int64) op 2 (int)` unambiguous."""
+    return "" if dtype.is_floating_point else f"<{ctype(dtype)}>"
+
+
 class CppPrinter:
     """ops handler: each call appends `auto tmpN = <expr>;` (deduplicated) and returns a CVar.
 
@@ -223,7 +228,7 @@ class CppPrinter:
         """x ** c for small constant c is multiplication (vectorizes, and exact as in eager)."""
         if a.dtype.is_floating_point and b.name in (cliteral(2, a.dtype), cliteral(3, a.dtype)):
             return self._emit(f"({a} * {a})" if b.name == cliteral(2, a.dtype) else f"({a} * {a} * {a})", a.dtype)
-        return self._emit(f"stax_pow({a}, {b})", a.dtype)
+        return self._emit(f"stax_pow{_template_arg(a.dtype)}({a}, {b})", a.dtype)
 
     def __getattr__(self, op):
         if op in _UNARY_FN:
@@ -237,7 +242,7 @@ class CppPrinter:
         if op in ("maximum", "minimum", "floordiv", "remainder"):
             fn = {"maximum": "stax_max", "minimum": "stax_min", "floordiv": "stax_floordiv",
                   "remainder": "stax_remainder"}[op]
-            return lambda a, b: self._emit(f"{fn}({a}, {b})", a.dtype)
+            return lambda a, b: self._emit(f"{fn}{_template_arg(a.dtype)}({a}, {b})", a.dtype)
         raise AttributeError(f"the C++ back end has no ops.{op}")
 
 
@@ -622,8 +627,8 @@ def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
         lines.append("    " * depth + _for(v, s) + " {"); depth += 1
     pad = "    " * depth
     if reductions:
-        vec_end = f"({cexpr(innersize)}) / {LANES} * {LANES}" if not sympy.sympify(innersize).is_Integer \
-            else str(int(innersize) // LANES * LANES)
+        static = sympy.sympify(innersize).is_Integer
+        vec_end = str(int(innersize) // LANES * LANES) if static else f"({cexpr(innersize)}) / {LANES} * {LANES}"
         lines.append(pad + f"for (int64_t {inner}_lane0 = 0; {inner}_lane0 < {vec_end}; {inner}_lane0 += {LANES}) {{")
         lines.append(pad + "    #pragma omp simd")
         lines.append(pad + f"    for (int l = 0; l < {LANES}; l++) {{")
@@ -631,9 +636,10 @@ def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
         lines += [pad + "        " + s for s in "\n".join(body("l")).split("\n")]
         lines.append(pad + "    }")
         lines.append(pad + "}")
-        lines.append(pad + f"for (int64_t {inner} = {vec_end}; {inner} < {cexpr(innersize)}; {inner}++) {{")
-        lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
-        lines.append(pad + "}")
+        if not static or int(innersize) % LANES:
+            lines.append(pad + f"for (int64_t {inner} = {vec_end}; {inner} < {cexpr(innersize)}; {inner}++) {{")
+            lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
+            lines.append(pad + "}")
     else:
         lines.append(pad + "#pragma omp simd")
         lines.append(pad + _for(inner, innersize) + " {")

@@ -292,6 +292,7 @@ class Value:
     loader: Callable                # index -> ops value, already in compute_dtype(dtype)
     buffer: str | None = None       # set when the value is stored in a named buffer
     cost: int = 0                   # number of ops in the body (inlining heuristic)
+    origins: list = field(default_factory=list)   # graph nodes inlined into this value
 
 
 def _load_from(name, dtype, layout: Layout):
@@ -494,8 +495,9 @@ def _lower_reduction(node, src: Value, new_name, emit) -> Value:
         return ops.to_dtype(v, acc_dtype) if compute_dtype(src.dtype) != acc_dtype else v
 
     name = new_name()
+    origins = (src.origins if src.buffer is None else []) + [node.name]
     red = Reduction(name, node.meta.dtype, ranges, rranges, rtype, inner_fn, acc_dtype,
-                    Layout(tuple(ranges), contiguous_strides(ranges)), [node.name])
+                    Layout(tuple(ranges), contiguous_strides(ranges)), origins)
     emit(red)
     out = Value(tuple(ranges), node.meta.dtype,
                 _load_from(name, node.meta.dtype, red.layout), buffer=name)
@@ -571,12 +573,12 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     def emit(buf):
         buffers.append(buf)
 
-    def realize(v: Value, origins) -> Value:
+    def realize(v: Value) -> Value:
         if v.buffer is not None:
             return v
         name = new_name()
         layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
-        emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(origins)))
+        emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins)))
         return Value(v.shape, v.dtype, _load_from(name, v.dtype, layout), buffer=name)
 
     inputs = []
@@ -609,7 +611,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
             ins = []
             for a in args:
                 if isinstance(a, Value):
-                    a = realize(a, [node.name])
+                    a = realize(a)
                     ins.append(a.buffer)
                 else:
                     ins.append(a)
@@ -620,8 +622,12 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
                       _load_from(name, node.meta.dtype, layout), buffer=name)
         else:
             raise NotImplementedError(f"Stax cannot lower op '{op}' (node {node.name})")
-        if v.buffer is None and v.cost > inline_limit:
-            v = realize(v, [node.name])
+        if v.buffer is None:
+            inlined = [o for a in args for x in (a if isinstance(a, list) else [a])
+                       if isinstance(x, Value) and x.buffer is None for o in x.origins]
+            v.origins = list(dict.fromkeys(inlined + [node.name]))
+            if v.cost > inline_limit:
+                v = realize(v)
         env[node] = v
 
     # outputs: every tensor output is stored in a buffer of its own (inputs and views are copied)
@@ -635,7 +641,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
         if not owned:
             name = new_name()
             layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
-            emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, [out.name]))
+            emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins) or [out.name]))
             v = Value(v.shape, v.dtype, None, buffer=name)
         seen[v.buffer] = True
         outputs.append(v.buffer)
@@ -647,7 +653,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
         v = env[new_node]
         name = new_name()
         emit(Pointwise(name, target.dtype, list(target.layout.shape),
-                       _convert_loader(v, target.dtype), target.layout, [new_node.name]))
+                       _convert_loader(v, target.dtype), target.layout, list(v.origins) or [new_node.name]))
         mutations.append((target.name, name))
 
     lowered = LoweredGraph(inputs, buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))

@@ -466,8 +466,13 @@ def _run_eager(op, inputs, params, metas):
         # compute in the output dtype for float results and accumulations, else the promoted one
         acc = out_dt.is_floating_point or op in ("sum", "prod", "cumsum")
         ct = out_dt if acc else result_type(*flat)
-        conv = lambda x: (x._compute().astype(ct.compute, copy=False) if isinstance(x, Tensor)
-                          else np.asarray(x, ct.compute))
+        def conv(x):
+            if not isinstance(x, Tensor):
+                return np.asarray(x, ct.compute)   # Python scalars stay unrounded, as in ATen
+            a = x._compute()
+            if ct in _HALF and x.dtype is not ct:  # tensors are cast to the common dtype first
+                a = _to_compute_form(_to_storage_form(a, ct), ct)
+            return a.astype(ct.compute, copy=False)
     else:
         conv = lambda x: x._compute() if isinstance(x, Tensor) else x
     args = [[conv(t) for t in x] if isinstance(x, list) else conv(x) for x in inputs]
@@ -505,6 +510,14 @@ def _arg_reduce(f):
     return run
 
 
+def _int_div_check(f):
+    def run(a, b):
+        if b.dtype.kind in "iub" and not np.all(b):
+            raise RuntimeError("ZeroDivisionError")
+        return f(a, b)
+    return run
+
+
 def _unique(x):
     return np.unique(x.reshape(-1))
 
@@ -519,7 +532,8 @@ EAGER = {
     "reciprocal": lambda x: 1 / x, "isnan": np.isnan, "isinf": np.isinf,
     "logical_not": np.logical_not, "bitwise_not": np.invert,
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-    "floordiv": np.floor_divide, "remainder": np.remainder, "pow": np.power,
+    "floordiv": _int_div_check(np.floor_divide), "remainder": _int_div_check(np.remainder),
+    "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal,
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,

@@ -163,6 +163,12 @@ def test_half_rounding():
     want = (np.asarray(a, np.float32) + np.asarray(b, np.float32)).astype(np.float16)
     np.testing.assert_array_equal(np.asarray(a + b), want)
     assert (a + b).dtype is st.float16 and (a.bfloat16() + 1).dtype is st.bfloat16
+    # a float32 0-dim tensor is cast to the common dtype (half) before computing, a scalar is not
+    v = st.tensor([1 + 2**-10], dtype=st.bfloat16)
+    assert v.item() == 1.0 and (v - st.tensor(1 + 2**-10)).item() == 0.0
+    assert (v - (1 + 2**-10)).item() == -2**-10
+    assert (st.tensor([1.0], dtype=st.float16) < st.tensor(1 + 2**-12)).item() is False
+    assert (st.tensor([1.0], dtype=st.float16) < 1 + 2**-12).item() is True
     assert (a + b.bfloat16()).dtype is st.float32
 
 
@@ -269,6 +275,8 @@ def test_operators_and_reversed():
     check(st.logical_or(st.tensor([0.0, 2.0]), 0), [False, True])
     i, j = st.tensor([6, 5]), st.tensor([3, 3])
     check(i & j, [2, 1]), check(i | j, [7, 7]), check(i ^ j, [5, 6])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        i // st.tensor([1, 0])
     check(i // j, [2, 1]), check(i % j, [0, 2]), check(i ** 2, [36, 25]), check(i / j, [2, 5 / 3])
     check(np.float32(2.0) * a, 2 * A)
     na = np.ones((3, 4))
