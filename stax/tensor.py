@@ -631,7 +631,13 @@ def ones(*size, dtype=None, device=None):
 
 
 def empty(*size, dtype=None, device=None):
-    return zeros(*size, dtype=dtype, device=device)   # zero-filled: nothing is ever uninitialized
+    """Uninitialized memory eagerly (the C++ wrapper allocates its buffers with it); a zero
+    `full` node while tracing, so a graph never reads garbage."""
+    size, dtype = _shape_args(size), dtype or float32
+    if TRACER is not None or (device is not None and str(device) != "cpu"):
+        return zeros(size, dtype=dtype, device=device)
+    data = np.empty(_numel(size), dtype.np)
+    return Tensor._make(Storage(data), _meta(size, dtype))
 
 
 def zeros_like(x, dtype=None):
