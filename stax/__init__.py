@@ -16,6 +16,7 @@ Where to look:
 """
 from __future__ import annotations
 
+import builtins
 import functools
 import os
 import sys
@@ -31,6 +32,11 @@ for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, s
     globals()[_name] = _dt
 
 RECOMPILE_LIMIT = 8
+
+# Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
+# appended to it and remembers the inputs of its last call (`last_inputs`), so that the CLI can
+# summarize each one and time it against eager on those inputs.
+_RUN_REGISTRY: list | None = None
 
 # ---- Observability: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles ----
 
@@ -59,10 +65,13 @@ def _log(stage: str, title: str, text: str):
 def _key_of(x):
     if isinstance(x, Tensor):
         return ("tensor", x.dtype.name, str(x.device), tuple(x.shape), tuple(x.stride()))
-    if isinstance(x, (bool, int, float, str, type(None))):
+    # builtins.*: this module's globals `bool`, `int`, `float` are the dtype aliases stax.bool, ...
+    if isinstance(x, (builtins.bool, builtins.int, builtins.float, str, type(None))):
         return (type(x).__name__, x)
     if isinstance(x, (tuple, list)):
         return (type(x).__name__, tuple(_key_of(y) for y in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _key_of(v)) for k, v in x.items()))
     return ("object", id(x))
 
 
@@ -138,11 +147,16 @@ class CompiledFunction:
         self.constants: dict = {}       # key -> real tensors the function closed over (lifted inputs)
         self.stats = {"compiles": 0, "calls": 0, "eager_calls": 0, "compile_seconds": 0.0}
         self.last_generated = None
+        self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
+        if _RUN_REGISTRY is not None:
+            _RUN_REGISTRY.append(self)
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
         if _T.TRACER is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
+        if _RUN_REGISTRY is not None:
+            self.last_inputs = (args, kwargs)
         key = tuple(_key_of(a) for a in args) + tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
         entry = self.artifacts.get(key, "miss")
         if entry == "miss":
@@ -151,8 +165,8 @@ class CompiledFunction:
             self.stats["eager_calls"] += 1
             return self.fn(*args, **kwargs)
         call, spec = entry
-        from .capture import unflatten
-        outs = call([a for a in args if isinstance(a, Tensor)] + self.constants[key])
+        from .capture import input_tensors, unflatten
+        outs = call(input_tensors(args, kwargs) + self.constants[key])
         return unflatten(spec, iter(outs))
 
     def _compile(self, key, args, kwargs):

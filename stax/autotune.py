@@ -31,6 +31,9 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 __all__ = [
     "AutotuneError",
+    "ReductionHint",
+    "TileHint",
+    "triton_heuristics",
     "SearchStats",
     "coordinate_descent",
     "random_search",
@@ -238,6 +241,185 @@ def random_search(space: Space, cost: Cost, n: int, rng: random.Random,
             f"autotune: no valid configuration: all {n} random samples ({stats.evaluations} "
             "distinct) cost inf (failed to compile or exceed a resource limit)")
     return best
+
+
+# ---- §9.6 The decorators the kernel text calls: triton_heuristics ----
+#
+# A generated kernel reads
+#     @triton_heuristics.persistent_reduction(size_hints={'x': 64, 'r0_': 128}, ...)
+#     @triton.jit
+#     def triton_per_fused_0(in_ptr0, in_ptr1, out_ptr0, xnumel, r0_numel, XBLOCK : tl.constexpr):
+# The decorator wraps the @triton.jit function in a `TritonKernel`, whose `.run(*args, stream=)`
+# picks the launch configuration (the block sizes, num_warps, num_stages), computes the grid from
+# it (Definition 9.1: ⌈xnumel / XBLOCK⌉ programs along x), compiles once per configuration, and
+# launches. Under TRITON_INTERPRET=1 the same call runs in Triton's interpreter on host memory.
+
+
+class ReductionHint:
+    INNER = "INNER"        # the reduction runs along contiguous memory
+    OUTER = "OUTER"        # the reduction runs across rows (strided)
+    DEFAULT = "DEFAULT"
+
+
+class TileHint:
+    DEFAULT = "DEFAULT"
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> Config:
+    """The heuristic configuration: what a kernel runs with before (or without) measurement."""
+    x = int(numels.get("xnumel", 1))
+    if kind == "pointwise":
+        if "ynumel" in numels:
+            return {"YBLOCK": 32, "XBLOCK": 64, "num_warps": 4, "num_stages": 1}
+        return {"XBLOCK": max(16, _pow2_at_most(x, 1024)), "num_warps": 4, "num_stages": 1}
+    if kind == "persistent_reduction":
+        # the whole row lives in registers: keep XBLOCK × R0_BLOCK around 4K elements
+        xblock = max(1, min(_pow2_at_most(max(x, 1), 64), 4096 // r0_block))
+        warps = max(1, min(16, xblock * r0_block // 256))
+        return {"XBLOCK": xblock, "num_warps": warps, "num_stages": 1}
+    r = int(numels.get("r0_numel", 1))
+    if reduction_hint == ReductionHint.OUTER:
+        return {"XBLOCK": 64, "R0_BLOCK": 8, "num_warps": 4, "num_stages": 1}
+    return {"XBLOCK": 1, "R0_BLOCK": _pow2_at_most(max(r, 1), 2048), "num_warps": 8, "num_stages": 1}
+
+
+def _interp_arg(a):
+    """What Triton's interpreter needs of a pointer argument: a torch-like view of host memory."""
+    from . import tensor as _unused  # noqa: F401  (stax.tensor is loaded)
+    if hasattr(a, "_storage"):
+        return _InterpTensor(a._storage.data.host_array, a._meta.offset, a.dtype.name)
+    return a
+
+
+class _InterpStorage:
+    def __init__(self, array):
+        self.array = array
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def cpu(self):
+        return self               # already host memory: the interpreter writes it in place
+
+    def copy_(self, other):
+        if other is not self:
+            self.array[...] = other.array
+
+
+class _InterpDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+class _InterpTensor:
+    """The adapter: data_ptr, dtype, untyped_storage(), new_empty, set_, size, stride (DESIGN.md)."""
+
+    def __init__(self, array, offset, dtype_name):
+        self.array, self.offset, self.dtype = array, offset, _InterpDtype(dtype_name)
+
+    def data_ptr(self):
+        return self.array.ctypes.data + self.offset * self.array.itemsize
+
+    def untyped_storage(self):
+        return _InterpStorage(self.array)
+
+    def new_empty(self, *args, **kwargs):
+        return _InterpTensor(self.array, self.offset, self.dtype.name)
+
+    def set_(self, storage, offset, size, stride):
+        self.array, self.offset = storage.array, offset
+        return self
+
+    def storage_offset(self):
+        return self.offset
+
+    def size(self):
+        return (self.array.size,)
+
+    def stride(self):
+        return (1,)
+
+
+class TritonKernel:
+    """A generated kernel plus how to launch it (what `@triton_heuristics.<kind>(...)` returns)."""
+
+    def __init__(self, fn, kind, size_hints, signature, reduction_hint=None, tile_hint=None):
+        self.fn, self.kind, self.size_hints = fn, kind, size_hints
+        self.signature, self.reduction_hint = signature, reduction_hint
+        self.numel_names = [n for n in signature if n.endswith("numel")]
+        self.r0_block = None
+        if kind == "persistent_reduction":
+            self.r0_block = size_hints.get("r0_")
+        self.launchers: dict = {}
+        self.config = None
+
+    def grid(self, numels: dict, cfg: Config) -> tuple:
+        gx = -(-int(numels.get("xnumel", 1)) // cfg["XBLOCK"])
+        gy = -(-int(numels["ynumel"]) // cfg["YBLOCK"]) if "ynumel" in numels else 1
+        return (gx, gy, 1)
+
+    def choose_config(self, numels: dict) -> Config:
+        if self.config is None:
+            self.config = default_config(self.kind, numels, self.reduction_hint, self.r0_block)
+        return self.config
+
+    def run(self, *args, stream=None):
+        numels = dict(zip(self.numel_names, args[len(args) - len(self.numel_names):]))
+        cfg = self.choose_config(numels)
+        grid = self.grid(numels, cfg)
+        if grid[0] * grid[1] == 0:
+            return
+        constexprs = {k: v for k, v in cfg.items() if k.isupper()}
+        from . import cuda
+        if cuda.interpreting():
+            self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
+            return
+        launcher = self.launchers.get(id(cfg))
+        if launcher is None:
+            launcher = self.launchers[id(cfg)] = self._compile(cfg)
+        launcher(grid, [a if isinstance(a, int) else a.data_ptr() for a in args])
+
+    def _compile(self, cfg: Config):
+        """Compile for this GPU once per configuration; cubins are cached on disk by content."""
+        import pickle
+        from . import cache, cuda
+        import triton
+        props = cuda.get_device_properties()
+        cc = props.cc[0] * 10 + props.cc[1]
+        constexprs = {k: v for k, v in cfg.items() if k.isupper()}
+        key = cache.content_hash(self.fn.src, repr(sorted(cfg.items())), repr(self.signature),
+                                 triton.__version__, str(cc))
+        path = cache.cache_dir() / "cubin" / f"{self.fn.__name__}_{key}.pkl"
+        if path.exists():
+            cubin, info = pickle.loads(path.read_bytes())
+        else:
+            cubin, info, _ = cuda.compile_triton(self.fn, dict(self.signature), constexprs,
+                                                 num_warps=cfg["num_warps"],
+                                                 num_stages=cfg["num_stages"], cc=cc)
+            cache.atomic_write(path, pickle.dumps((cubin, info)))
+        return cuda.launcher_for_triton(cubin, info, list(self.signature.values()))
+
+
+def _decorator(kind):
+    def make(size_hints, reduction_hint=None, tile_hint=None, signature=None, **_):
+        return lambda fn: TritonKernel(fn, kind, size_hints, signature or {}, reduction_hint, tile_hint)
+    return make
+
+
+class triton_heuristics:  # noqa: N801  (the name the kernel text uses, as in the chapter's listings)
+    pointwise = staticmethod(_decorator("pointwise"))
+    reduction = staticmethod(_decorator("reduction"))
+    persistent_reduction = staticmethod(_decorator("persistent_reduction"))
 
 
 # ---- §9.6 Algorithm 9.1: measured choice among candidates (GPU; not yet written) ----

@@ -15,7 +15,7 @@ Where to look:
   - `Tracer.record` ........................ one op → one node (real tensors become constants)
   - `Tracer.mutate` ........................ in-place updates as functional updates (+ write-back)
   - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow
-  - `capture(fn, args)` .................... the entry point
+  - `capture(fn, args)` .................... the entry point (`input_tensors`: its placeholder order)
 """
 from __future__ import annotations
 
@@ -263,6 +263,26 @@ def unflatten(spec, leaves_iter):
     return kind(vals) if kind in (tuple, list) else kind(*vals)
 
 
+def _map_tensors(obj, f):
+    """`obj` with every Tensor inside (nested tuples, lists, dicts) replaced by f(tensor), in order."""
+    if isinstance(obj, T.Tensor):
+        return f(obj)
+    if type(obj) in (tuple, list):
+        return type(obj)(_map_tensors(x, f) for x in obj)
+    if type(obj) is dict:
+        return {k: _map_tensors(v, f) for k, v in obj.items()}
+    return obj
+
+
+def input_tensors(args, kwargs=None) -> list:
+    """The tensors of a call, in the order `capture` makes placeholders of them: positional
+    arguments, then keyword arguments by name, looking inside tuples, lists and dicts (a tensor
+    passed in a list is an input, not a constant frozen at its first value)."""
+    found = []
+    _map_tensors((list(args), [(kwargs or {})[k] for k in sorted(kwargs or {})]), found.append)
+    return found
+
+
 def capture(fn, args: list, kwargs: dict | None = None):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
@@ -270,16 +290,16 @@ def capture(fn, args: list, kwargs: dict | None = None):
     Raises GraphBreak when the function needs tensor data to decide what to do.
     """
     tracer = Tracer()
-    proxies, k = [], 0
-    for a in args:
-        if isinstance(a, T.Tensor):
-            proxies.append(tracer.placeholder(a, k))
-            k += 1
-        else:
-            proxies.append(a)
+    kwargs, count = kwargs or {}, [0]
+
+    def proxy(t):
+        count[0] += 1
+        return tracer.placeholder(t, count[0] - 1)
+    proxies = _map_tensors(list(args), proxy)
+    kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)], proxy)))
     prev, T.TRACER = T.TRACER, tracer
     try:
-        result = fn(*proxies, **(kwargs or {}))
+        result = fn(*proxies, **kw)
     finally:
         T.TRACER = prev
     leaves = []

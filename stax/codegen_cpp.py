@@ -67,7 +67,10 @@ def cliteral(value, dtype) -> str:
     if dtype == T.bool_:
         return "true" if value else "false"
     if not dtype.is_floating_point:
-        return f"{int(value)}" if abs(int(value)) < 2**31 else f"{int(value)}LL"
+        v = int(value)
+        if v == -2**63:     # the literal 9223372036854775808 does not fit: write INT64_MIN as C++ does
+            return "(-9223372036854775807LL - 1)"
+        return f"{v}" if abs(v) < 2**31 else f"{v}LL"
     v = float(value)
     suffix = "" if dtype == T.float64 else "f"
     if math.isnan(v):
@@ -680,8 +683,8 @@ def _flat_rindex(rnames, rsizes):
 
 
 def _identity(n) -> str:
-    from .lower import REDUCTION_IDENTITY
-    return cliteral(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+    from .lower import reduction_identity
+    return cliteral(reduction_identity(n.reduction_type, n.src_dtype), n.src_dtype)
 
 
 # ---- The wrapper (§7.5 lifetimes) and the module ----

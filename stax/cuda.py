@@ -1017,6 +1017,82 @@ def launcher_for_triton(cubin: bytes, info: TritonKernelInfo, signature,
 
 
 # ======================================================================================
+# Tensor storage on the device (what stax.tensor keeps for device="cuda")
+# ======================================================================================
+
+def interpreting() -> bool:
+    """TRITON_INTERPRET=1: "cuda" tensors live in host memory and kernels run in Triton's interpreter.
+
+    This is how CI, which has no GPU, runs every generated Triton kernel against numpy.
+    """
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_device(device: str) -> str:
+    """Normalize 'cuda' / 'cuda:0'; raise the clear no-GPU error when it cannot be used."""
+    dev = str(device)
+    if dev not in ("cuda", "cuda:0"):
+        raise RuntimeError(f"unknown device '{dev}': Stax knows 'cpu' and 'cuda' (device 0)")
+    if not interpreting():
+        init()            # raises CudaUnavailableError with the reason when there is no GPU
+    return "cuda"
+
+
+class DeviceArray:
+    """A flat array of `count` elements of numpy dtype `dtype` on the device.
+
+    On a GPU it owns a DeviceBuffer from the caching allocator; under the Triton interpreter it
+    owns host memory (a numpy array), which the interpreter reads and writes directly.
+    """
+
+    def __init__(self, count: int, dtype):
+        import numpy as np
+        self.count, self.dtype = int(count), np.dtype(dtype)
+        nbytes = max(1, self.count * self.dtype.itemsize)
+        if interpreting():
+            self.host_array, self.buffer = np.empty(self.count, self.dtype), None
+        else:
+            self.host_array, self.buffer = None, allocate(nbytes)
+
+    @property
+    def ptr(self) -> int:
+        return self.host_array.ctypes.data if self.buffer is None else self.buffer.ptr
+
+    def upload(self, array) -> "DeviceArray":
+        import numpy as np
+        array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
+        if self.buffer is None:
+            self.host_array[...] = array
+        elif array.size:
+            copy_host_to_device(self.buffer, array)
+        return self
+
+    def host(self):
+        """A host copy of the whole array (waits for queued kernels first)."""
+        import numpy as np
+        if self.buffer is None:
+            return self.host_array.copy()
+        out = np.empty(self.count, self.dtype)
+        if self.count:
+            copy_device_to_host(out, self.buffer)
+        return out
+
+
+class device:
+    """`with stax.cuda.device(0):` in a wrapper (Listing 9.6): Stax drives device 0 only."""
+
+    def __init__(self, index: int = 0):
+        if index != 0:
+            raise RuntimeError("Stax drives one GPU (device 0)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ======================================================================================
 # CUDA graphs (capture of the default stream)
 # ======================================================================================
 

@@ -11,7 +11,8 @@ Where to look:
   - `ops` and the handlers' protocol ............. §6 "ops handler" (the virtualized `ops.*` calls)
   - `Pointwise`, `Reduction`, `ExternKernel` ...... the IR node types
   - views as index rewrites ......................... `_lower_view` (permute, expand, slice, select, reshape)
-  - broadcasting and dtype promotion ................ `_lower_pointwise`
+  - broadcasting and dtype promotion ................ `_lower_pointwise`, `_half_rule`
+  - writes through views (slice/select_scatter) ..... `_lower_scatter`
   - reductions and their identities ................. `_lower_reduction`, `REDUCTION_IDENTITY`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`
   - fallback kernels (§6.1) ......................... `ExternKernel`, `FALLBACK_OPS`
@@ -260,6 +261,18 @@ REDUCTION_IDENTITY = {
     "argmax": float("-inf"), "argmin": float("inf"),
 }
 
+
+def reduction_identity(reduction_type: str, dtype):
+    """The identity of a reduction in `dtype`: ±inf has no integer or bool value, so max-like
+    reductions over ints start from the type's extreme (bool: False for max, True for min)."""
+    ident = REDUCTION_IDENTITY[reduction_type]
+    if dtype.is_floating_point or not math.isinf(ident):
+        return ident
+    if dtype == T.bool_:
+        return ident > 0
+    bits = 8 * dtype.itemsize - 1
+    return 2**bits - 1 if ident > 0 else -2**bits
+
 # ops the lowering leaves to the eager implementation (§6.1); nonzero/unique have data-dependent sizes
 FALLBACK_OPS = {"matmul", "cumsum", "nonzero", "unique", "rand", "randn"}
 
@@ -396,10 +409,12 @@ def _lower_pointwise(node, args) -> Value:
     op, out_shape, out_dtype = node.op, tuple(node.meta.shape), node.meta.dtype
     if op == "where":
         cond, a, b = args
-        cdt = compute_dtype(T.result_type(*[_as_meta(x) for x in (a, b)]))
+        common = T.result_type(*[_as_meta(x) for x in (a, b)])
+        cdt = compute_dtype(common)
+        ra, rb = _half_rule(a, common), _half_rule(b, common)
         c, a, b = (_operand(cond, T.bool_), _operand(a, cdt), _operand(b, cdt))
         lc, la, lb = (_broadcast_loader(v, out_shape) for v in (c, a, b))
-        body = lambda idx: ops.where(lc(idx), _cast(la(idx), a, cdt), _cast(lb(idx), b, cdt))
+        body = lambda idx: ops.where(lc(idx), _cast(la(idx), a, cdt, ra), _cast(lb(idx), b, cdt, rb))
         return Value(out_shape, out_dtype, body, cost=1 + c.cost + a.cost + b.cost)
     if op == "to_dtype":
         (a,) = args
@@ -415,19 +430,34 @@ def _lower_pointwise(node, args) -> Value:
     if op == "clone":
         return Value(out_shape, out_dtype, _broadcast_loader(args[0], out_shape), cost=args[0].cost)
     # unary and binary: cast every operand to the promoted compute dtype, then apply ops.<op>
-    cdt = compute_dtype(T.result_type(*[_as_meta(x) for x in args]))
-    if op in _FLOAT_ONLY and not cdt.is_floating_point:
-        cdt = T.float32
+    common = T.result_type(*[_as_meta(x) for x in args])
+    if op in _FLOAT_ONLY and not common.is_floating_point:
+        common = T.float32
+    cdt = compute_dtype(common)
+    rounds = [_half_rule(x, common) for x in args]
     vals = [_operand(x, cdt) for x in args]
     loaders = [_broadcast_loader(v, out_shape) for v in vals]
     fn = "truediv" if op == "div" else op
 
     def body(idx):
-        return getattr(ops, fn)(*[_cast(l(idx), v, cdt) for l, v in zip(loaders, vals)])
+        return getattr(ops, fn)(*[_cast(l(idx), v, cdt, r) for l, v, r in zip(loaders, vals, rounds)])
     return Value(out_shape, out_dtype, body, cost=1 + sum(v.cost for v in vals))
 
 
-def _cast(x, v: Value, cdt):
+def _half_rule(x, common):
+    """Eager's half-precision rule (tensor.py `_run_eager`): when an op's common dtype is
+    float16/bfloat16, a *tensor* operand of another dtype (an int tensor, a float32 0-dim tensor)
+    is rounded to that half type before computing; Python scalars are not. Returns the dtype to
+    round the operand to, or None."""
+    if common in (T.float16, T.bfloat16) and isinstance(x, Value) and x.dtype != common:
+        return common
+    return None
+
+
+def _cast(x, v: Value, cdt, round_to=None):
+    """Bring an operand's value to the compute dtype `cdt` (rounding through `round_to` first)."""
+    if round_to is not None:
+        return ops.to_dtype(ops.to_dtype(x, round_to), compute_dtype(round_to))
     return ops.to_dtype(x, cdt) if compute_dtype(v.dtype) != cdt else x
 
 
@@ -470,6 +500,35 @@ def _lower_cat(node, parts: list) -> Value:
     return Value(shape, node.meta.dtype, body, cost=sum(v.cost for v in parts) + len(parts))
 
 
+def _lower_scatter(node, base: Value, src: Value) -> Value:
+    """slice_scatter / select_scatter: `base` with one view of it replaced by `src`.
+
+    This is the functional form of a write through a view (capture.py `_scatter_into`): element
+    `idx` comes from `src` where it lies inside the view, else from `base` (a masked load, so the
+    out-of-view positions never compute a `src` index).
+    """
+    p, d = node.params, node.params["dim"]
+
+    def const(v):
+        return ops.constant(v, T.int64)
+
+    def body(idx):
+        i = idx[d]
+        pos = ops.index_expr(i, T.int64)
+        if node.op == "select_scatter":
+            inside = ops.eq(pos, const(p["index"]))
+            src_idx = list(idx[:d]) + list(idx[d + 1:])
+        else:
+            start, end, step = p["start"], p["end"], p["step"]
+            inside = ops.logical_and(ops.ge(pos, const(start)), ops.lt(pos, const(end)))
+            if step != 1:   # (i - start) % step == 0, written with a non-negative dividend
+                phase = ops.index_expr(ModularIndexing(i + (-start) % step, 1, step), T.int64)
+                inside = ops.logical_and(inside, ops.eq(phase, const(0)))
+            src_idx = list(idx[:d]) + [FloorDiv(i - start, step)] + list(idx[d + 1:])
+        return ops.masked(inside, lambda: src.loader(src_idx), base.loader(idx))
+    return Value(tuple(node.meta.shape), node.meta.dtype, body, cost=2 + base.cost + src.cost)
+
+
 # ---- §6.5 Reductions and split reductions ----
 
 
@@ -484,6 +543,8 @@ def _lower_reduction(node, src: Value, new_name, emit) -> Value:
     if rtype in ("argmax", "argmin"):
         acc_dtype = compute_dtype(src.dtype)
     loader = src.loader
+    if all(s == 1 for s in rranges):
+        return _single_element_reduction(node, src, kept)
 
     def inner_fn(index, rindex):
         full = [None] * len(in_shape)
@@ -511,6 +572,25 @@ def _lower_reduction(node, src: Value, new_name, emit) -> Value:
     return out
 
 
+def _single_element_reduction(node, src: Value, kept) -> Value:
+    """A reduction over one element (size-1 or no reduced dims) is that element: a pointwise value.
+
+    Every back end then sees only reductions with a real loop; argmax/argmin of one element is 0.
+    """
+    dims, keepdim, out_dtype = node.params["dims"], node.params["keepdim"], node.meta.dtype
+
+    def body(idx):
+        if node.op in ("argmax", "argmin"):
+            return ops.constant(0, T.int64)
+        kept_idx = [i for k, i in enumerate(idx) if k not in dims] if keepdim else list(idx)
+        full = [sympy.Integer(0)] * len(src.shape)
+        for k, i in zip(kept, kept_idx):
+            full[k] = i
+        v = src.loader(full)
+        return _cast(v, src, compute_dtype(out_dtype))
+    return Value(tuple(node.meta.shape), out_dtype, body, cost=1 + src.cost)
+
+
 def split_reduction(red: Reduction, splits: int, new_name) -> list:
     """Alg. 6.1: reduce each row in `splits` pieces (a monoid lets us), then reduce the pieces.
 
@@ -521,7 +601,7 @@ def split_reduction(red: Reduction, splits: int, new_name) -> list:
     rnumel = sympy.prod(red.reduction_ranges)
     piece = -(-rnumel // splits)
     rvars_shape = list(red.reduction_ranges)
-    ident = REDUCTION_IDENTITY[red.reduction_type]
+    ident = reduction_identity(red.reduction_type, red.src_dtype)
 
     def unflatten(flat):
         out = []
@@ -605,6 +685,8 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
             v = _lower_factory(node)
         elif op == "cat":
             v = _lower_cat(node, args[0])
+        elif op in ("slice_scatter", "select_scatter"):
+            v = _lower_scatter(node, args[0], args[1])
         elif op in REDUCTION_IDENTITY:
             v = _lower_reduction(node, args[0], new_name, emit)
         elif op in FALLBACK_OPS:

@@ -264,7 +264,8 @@ class Tensor:
 
     def data_ptr(self):
         self._need_data("data_ptr()")
-        return self._storage.data.ctypes.data + self._meta.offset * self.dtype.np.itemsize
+        base = self._storage.data.ctypes.data if self.device == "cpu" else self._storage.data.ptr
+        return base + self._meta.offset * self.dtype.np.itemsize
 
     def __len__(self):
         if self.ndim == 0:
@@ -287,14 +288,18 @@ class Tensor:
         """Storage-form strided numpy view (shares memory)."""
         self._need_data("reading a tensor")
         m, isz = self._meta, self.dtype.np.itemsize
-        return np.lib.stride_tricks.as_strided(
-            self._storage.data[m.offset:], m.shape, tuple(s * isz for s in m.stride))
+        # a CUDA tensor is read through a host copy of its storage ("through the host", DESIGN.md)
+        data = self._storage.data if self.device == "cpu" else self._storage.data.host()
+        return np.lib.stride_tricks.as_strided(data[m.offset:], m.shape, tuple(s * isz for s in m.stride))
 
     def _compute(self):
         return _to_compute_form(self._np(), self.dtype)
 
     def numpy(self):
         self._need_data("numpy()")
+        if self.device != "cpu":
+            raise TypeError(f"can't convert {self.device}:0 device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
         if self.dtype is bfloat16:
             raise TypeError("Got unsupported ScalarType BFloat16")
         return self._np()
@@ -356,12 +361,18 @@ class Tensor:
                 dtype, device = a.dtype, a.device
             else:
                 device = a
-        if device is not None and str(device) != self.device:
-            raise RuntimeError(f"stax: device '{device}' is not available to tensor.py "
-                               f"(only 'cpu' storage exists; the GPU runtime adds CUDA storage)")
-        if dtype is None or dtype is self.dtype:
-            return clone(self) if copy else self
-        return to_dtype(self, dtype)
+        x = self
+        if device is not None and _norm_device(device) != self.device:
+            x = _move(self, _norm_device(device))
+        if dtype is None or dtype is x.dtype:
+            return clone(x) if copy and x is self else x
+        return to_dtype(x, dtype)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self):
+        return self.to("cuda")
 
     def float(self): return self.to(float32)
     def double(self): return self.to(float64)
@@ -388,6 +399,32 @@ class Tensor:
 
     def __getitem__(self, key):
         return _getitem(self, key)
+
+
+# ---- Devices: CUDA tensors are stored on the GPU; eager ops on them run through the host ----
+
+
+def _norm_device(device):
+    dev = str(device)
+    if dev == "cpu":
+        return "cpu"
+    from . import cuda
+    return cuda.check_device(dev)
+
+
+def _new_storage(flat, device):
+    """Storage for a flat storage-form numpy array on `device` (copied to the GPU for 'cuda')."""
+    if device == "cpu":
+        return Storage(flat)
+    from . import cuda
+    return Storage(cuda.DeviceArray(flat.size, flat.dtype).upload(flat), device)
+
+
+def _move(x, device):
+    """A contiguous copy of `x` on `device` (cpu <-> cuda)."""
+    x._need_data(f".to('{device}')")
+    flat = np.ascontiguousarray(x._np()).reshape(-1)
+    return Tensor._make(_new_storage(flat, device), _meta(x.shape, x.dtype, device))
 
 
 def _wrap_dim(d, ndim):
@@ -484,7 +521,7 @@ def _run_eager(op, inputs, params, metas):
             s = _to_storage_form(r, m.dtype)
             if not (s.flags.owndata and s.flags.c_contiguous):   # never alias an input
                 s = np.array(s, order="C")
-            outs.append(Tensor._make(Storage(s.reshape(-1), m.device), _meta(s.shape, m.dtype, m.device)))
+            outs.append(Tensor._make(_new_storage(s.reshape(-1), m.device), _meta(s.shape, m.dtype, m.device)))
     return outs
 
 
@@ -577,8 +614,8 @@ def _from_array(a, dtype):
 
 def tensor(data, dtype=None, device=None):
     """A new tensor holding a copy of `data` (nested lists, scalars, numpy arrays, tensors)."""
-    if device is not None and str(device) != "cpu":
-        raise RuntimeError(f"stax: device '{device}' is not available to tensor.py")
+    if device is not None and _norm_device(device) != "cpu":
+        return tensor(data, dtype).to(device)
     if isinstance(data, Tensor):
         return clone(data.to(dtype or data.dtype))
     a = np.asarray(data)
@@ -611,9 +648,10 @@ def from_numpy(a):
 
 
 def _factory(op, params, shape, dtype, device):
-    if device is not None and str(device) != "cpu":
-        raise RuntimeError(f"stax: device '{device}' is not available to tensor.py")
-    return _op(op, [], params, _meta(shape, dtype))
+    device = "cpu" if device is None else _norm_device(device)
+    if device != "cpu" and TRACER is None:
+        return _op(op, [], params, _meta(shape, dtype)).to(device)
+    return _op(op, [], params, _meta(shape, dtype, device))
 
 
 def full(size, fill_value, *, dtype=None, device=None):
@@ -634,8 +672,12 @@ def empty(*size, dtype=None, device=None):
     """Uninitialized memory eagerly (the C++ wrapper allocates its buffers with it); a zero
     `full` node while tracing, so a graph never reads garbage."""
     size, dtype = _shape_args(size), dtype or float32
-    if TRACER is not None or (device is not None and str(device) != "cpu"):
+    device = "cpu" if device is None else _norm_device(device)
+    if TRACER is not None:
         return zeros(size, dtype=dtype, device=device)
+    if device != "cpu":
+        from . import cuda
+        return Tensor._make(Storage(cuda.DeviceArray(_numel(size), dtype.np), device), _meta(size, dtype, device))
     data = np.empty(_numel(size), dtype.np)
     return Tensor._make(Storage(data), _meta(size, dtype))
 
@@ -1347,6 +1389,11 @@ def _write(target, value):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
                            "refers to a single memory location. Please clone() the tensor before "
                            "performing the operation.")
+    if target.device != "cpu":   # write through a host copy of the device storage
+        host, m, isz = target._storage.data.host(), target._meta, target.dtype.np.itemsize
+        np.lib.stride_tricks.as_strided(host[m.offset:], m.shape, tuple(s * isz for s in m.stride))[...] = value._np()
+        target._storage.data.upload(host)
+        return
     target._np()[...] = value._np()   # numpy copes with overlapping source and destination
 
 

@@ -1,0 +1,340 @@
+"""The `stax` command line: `python -m stax ...`.
+
+    python -m stax run FILE [--show graph,ir,schedule,kernels,wrapper] [--device cpu|cuda] [-- ARGS]
+    python -m stax cache clear
+    python -m stax cache dir
+    python -m stax --help
+
+`run` executes FILE as `python FILE ARGS` would (`__name__ == "__main__"`, `sys.argv = [FILE, *ARGS]`,
+FILE's folder first on `sys.path`) with the chosen stages of STAX_LOGS turned on, then prints a
+summary for every function the script compiled with `stax.compile`:
+
+  - its kernels, and which graph nodes each one fuses (the comment above each kernel says the same);
+  - the bytes its compiled code moves against the lower bound of Prop. 1.1 (every input read once,
+    every output written once);
+  - the time of one compiled call against one eager call, re-run on the inputs of its last call.
+
+Where to look: `main` parses the command line; `run` runs the script; `summarize` / `traffic`
+compute the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import statistics
+import sys
+import time
+
+import stax
+
+SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune")
+
+
+# ---- Bytes moved (Prop. 1.1) ----
+
+
+def _numel_spanned(layout) -> int:
+    """Distinct elements a layout addresses: a broadcast (stride-0) dimension adds none."""
+    n = 1
+    for size, stride in zip(layout.shape, layout.stride):
+        if int(stride) != 0:
+            n *= int(size)
+        elif int(size) == 0:
+            return 0
+    return n
+
+
+def _nbytes(lowered, name) -> int:
+    buf = lowered.buffer(name)
+    return _numel_spanned(buf.layout) * buf.dtype.itemsize
+
+
+def _kernel_params(source: str) -> list:
+    """[(param name, is_read, is_written)] from a C++ kernel's signature: `const T* in_ptrN` is read,
+    `T* out_ptrN` written, `T* in_out_ptrN` both."""
+    head = source[source.index("(") + 1:source.index(")")]
+    params = []
+    for decl in head.split(","):
+        decl = decl.strip()
+        if "*" not in decl:
+            continue            # a size argument (int64_t s0)
+        pname = decl.split("*")[-1].strip()
+        params.append((pname, "in_" in pname, "out_" in pname))
+    return params
+
+
+def _kernel_buffers(wrapper: str, name: str) -> list:
+    """Buffer names passed to kernel `name` in the wrapper: `kernels.NAME(ptr(a), ptr(b), ...)`."""
+    for line in wrapper.splitlines():
+        line = line.strip()
+        if line.startswith(f"kernels.{name}("):
+            args = line[len(f"kernels.{name}("):line.rindex(")")]
+            return [a.strip()[4:-1] for a in args.split(",") if a.strip().startswith("ptr(")]
+    raise LookupError(name)
+
+
+def traffic(gen) -> dict:
+    """Bytes the compiled code moves, and the Prop. 1.1 lower bound, for one specialization.
+
+    Estimate: each kernel reads every buffer it takes as an input pointer once and writes every
+    buffer it takes as an output pointer once (the signature says which: `const T* in_ptrN` is
+    read, `T* out_ptrN` written, `in_out_ptrN` both), sized from the lowered graph's layout of that
+    buffer (elements spanned, broadcast dimensions counted once, times the itemsize). Summed over
+    kernels, so an intermediate buffer written by one kernel and read by another counts twice,
+    which is exactly the traffic fusion removes. Re-reads of the same buffer inside one kernel
+    (softmax's passes over a row) are assumed to hit the cache: a row is small next to the caches,
+    so main-memory traffic is the distinct buffers. Fallback (extern) kernels, e.g. matmul, read
+    their inputs and write their output once. The bound is the graph's inputs read once plus its
+    outputs (and inputs it updates in place) written once."""
+    sched = gen.module.schedule
+    low = sched.lowered
+    kernels = list(gen.kernels.items())
+    rows, moved, ki = [], 0, 0
+    for g in sched.groups:
+        origins = list(dict.fromkeys(g.origins))
+        if g.kind == "extern":
+            e = g.nodes[0]
+            reads = sorted({x for a in e.inputs for x in (a if isinstance(a, list) else [a])
+                            if isinstance(x, str)})
+            writes = [e.name]
+            kname = f"fallback {e.op}"
+        else:
+            kname, src = kernels[ki]
+            ki += 1
+            try:
+                bufs = _kernel_buffers(gen.wrapper, kname)
+                params = _kernel_params(src)
+                reads = [b for b, (_, r, _) in zip(bufs, params) if r]
+                writes = [b for b, (_, _, w) in zip(bufs, params) if w]
+            except (LookupError, ValueError):
+                # Another back end's wrapper: fall back to what the schedule says the nodes load
+                # and store.
+                from .schedule import buffer_reads
+                inside = {n.name for n in g.nodes}
+                reads = sorted({r for n in g.nodes for r in buffer_reads(n)} - inside)
+                writes = [n.name for n in g.nodes if n.name not in sched.kernel_local]
+        nbytes = sum(_nbytes(low, b) for b in dict.fromkeys(reads)) + \
+            sum(_nbytes(low, b) for b in dict.fromkeys(writes))
+        moved += nbytes
+        rows.append({"kernel": kname, "kind": g.kind, "nodes": origins, "reads": reads,
+                     "writes": writes, "bytes": nbytes})
+    inputs = {b.name for b in low.inputs}
+    updated = {i for i, _ in low.mutations}
+    # an output that is an input returned unchanged costs nothing; an updated input is written
+    written = {o for o in low.outputs if isinstance(o, str) and o not in inputs} | updated
+    bound = sum(_nbytes(low, b) for b in inputs) + sum(_nbytes(low, b) for b in written)
+    return {"kernels": rows, "moved": moved, "bound": bound}
+
+
+# ---- Time against eager ----
+
+
+def _time(fn, args, kwargs, budget=1.0, max_runs=50) -> tuple:
+    """Median seconds of fn(*args) after one warm-up call, repeated for about `budget` seconds."""
+    t0 = time.perf_counter()
+    fn(*args, **kwargs)
+    first = time.perf_counter() - t0
+    runs = max(3, min(max_runs, int(budget / max(first, 1e-6))))
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), runs
+
+
+def _fmt_bytes(n) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
+
+
+def _fmt_time(s) -> str:
+    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _where(f) -> str:
+    code = getattr(f.fn, "__code__", None)
+    if code is None:
+        return ""
+    path = os.path.relpath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+    return f" ({path}:{code.co_firstlineno})"
+
+
+def summarize(f, timing=True) -> str:
+    """The summary of one CompiledFunction: kernels, bytes against Prop. 1.1, time against eager."""
+    name = getattr(f, "__name__", "fn")
+    s = f.stats
+    lines = [f"{name}{_where(f)}: {s['calls']} call(s), {s['compiles']} compile(s) in "
+             f"{s['compile_seconds']:.2f} s, {s['eager_calls']} eager call(s)"]
+    if f.last_inputs is None:
+        return "\n".join(lines + ["  never called"])
+    args, kwargs = f.last_inputs
+    if s["compiles"] == 0 or s["eager_calls"] == s["calls"]:
+        lines.append("  ran eagerly (not captured: STAX_LOGS=graph says why)")
+        return "\n".join(lines)
+    saved = os.environ.pop("STAX_LOGS", None)       # regenerate quietly
+    try:
+        gen = stax.generate(f.fn, *args, **kwargs)
+        t = traffic(gen)
+    except Exception as e:                          # the summary must never hide the run's result
+        lines.append(f"  (no summary for the last inputs: {type(e).__name__}: {e})")
+        return "\n".join(lines)
+    finally:
+        if saved is not None:
+            os.environ["STAX_LOGS"] = saved
+    shapes = ", ".join(f"{a.dtype.name}{list(a.shape)}" for a in args if isinstance(a, stax.Tensor))
+    lines.append(f"  last inputs: {shapes or '(no tensors)'}")
+    n_kernels = sum(1 for k in t["kernels"] if k["kind"] != "extern")
+    n_fallback = len(t["kernels"]) - n_kernels
+    lines.append(f"  kernels: {n_kernels}" + (f" (+ {n_fallback} fallback call(s))" if n_fallback else ""))
+    for k in t["kernels"]:
+        lines.append(f"    {k['kernel']:<16} {k['kind']:<9} fuses {len(k['nodes'])} node(s): "
+                     f"{', '.join(k['nodes'])}  [{_fmt_bytes(k['bytes'])}]")
+    ratio = t["moved"] / t["bound"] if t["bound"] else float("nan")
+    lines.append(f"  bytes moved: {_fmt_bytes(t['moved'])} ({t['moved']:,} B); lower bound "
+                 f"(Prop. 1.1, inputs read once + outputs written once): {_fmt_bytes(t['bound'])} "
+                 f"({t['bound']:,} B); ratio {ratio:.2f}")
+    if timing:
+        tc, nc = _time(f, args, kwargs)
+        te, ne = _time(f.fn, args, kwargs)
+        lines.append(f"  time per call: compiled {_fmt_time(tc)}, eager {_fmt_time(te)} "
+                     f"(medians of {nc} and {ne} calls on the last inputs); speed-up {te / tc:.1f}x")
+    return "\n".join(lines)
+
+
+# ---- Commands ----
+
+
+def _use_device(device: str) -> None:
+    """--device: tensors the script creates default to `device`.
+
+    The hook for the GPU back end: it becomes available once `stax.set_default_device(device)`
+    exists and `stax/codegen_triton.py` is present; until then `--device cuda` says so and exits 2."""
+    if device == "cpu":
+        return
+    import importlib.util
+    setter = getattr(stax, "set_default_device", None)
+    if setter is None or importlib.util.find_spec("stax.codegen_triton") is None:
+        print(f"stax: --device {device}: the GPU back end is not available in this version of Stax "
+              "(it is being written: stax/codegen_triton.py). Run on the CPU with --device cpu "
+              "(the default).", file=sys.stderr)
+        sys.exit(2)
+    try:
+        setter(device)
+    except RuntimeError as e:           # e.g. no GPU or no CUDA driver on this machine
+        print(f"stax: --device {device}: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True,
+        timing=True) -> int:
+    if not os.path.isfile(path):
+        print(f"stax run: no such file: {path}", file=sys.stderr)
+        return 2
+    stages = set(filter(None, os.environ.get("STAX_LOGS", "").split(","))) | set(show)
+    if stages:
+        os.environ["STAX_LOGS"] = ",".join(sorted(stages))
+    _use_device(device)
+    try:                                # keep the script's prints in order with the stage logs
+        sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass
+    stax._RUN_REGISTRY = []
+    argv, path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [path, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:             # the script's own sys.exit(): keep its status
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    finally:
+        sys.argv = argv
+        if sys.path and path0 is not None and sys.path[0] != path0:
+            sys.path.pop(0)
+    compiled = stax._RUN_REGISTRY
+    stax._RUN_REGISTRY = None
+    sys.stdout.flush()
+    if summary:
+        print(f"\n==== stax summary: {len(compiled)} compiled function(s) in {path} ====")
+        for f in compiled:
+            print(summarize(f, timing=timing))
+        sys.stdout.flush()
+    return code
+
+
+def _cache(action: str) -> int:
+    from . import cache
+    if action == "clear":
+        root = cache.cache_dir()
+        n = cache.clear_cache()
+        print(f"stax: removed {n} file(s) from {root}")
+    elif action == "dir":
+        print(cache.cache_dir())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m stax",
+        description="Stax, a small tensor-program compiler: run a script with the compiler's "
+                    "stages shown, or manage the kernel cache.",
+        epilog="examples:\n"
+               "  python -m stax run examples/ex1_1_relu_sum.py --show kernels,wrapper\n"
+               "  python -m stax run my_script.py --show graph,ir -- --my-flag 3\n"
+               "  python -m stax cache clear\n"
+               "environment: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles "
+               "(stages to print), STAX_CACHE_DIR (default ~/.cache/stax), CXX, STAX_CXXFLAGS",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{run,cache}")
+    r = sub.add_parser("run", help="run a Python script with Stax's stages shown, then summarize",
+                       description="Run FILE as `python FILE ARGS` would, with the chosen stages "
+                                   "printed to stderr, then print a summary per compiled function "
+                                   "(kernels, fused nodes, bytes moved against the Prop. 1.1 lower "
+                                   "bound, compiled time against eager).")
+    r.add_argument("file", help="the Python script to run")
+    r.add_argument("--show", default="", metavar="STAGES",
+                   help=f"comma-separated stages to print: {','.join(SHOW_STAGES)} (or all)")
+    r.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="default device of the tensors the script creates (default: cpu)")
+    r.add_argument("--no-summary", action="store_true", help="skip the summary at the end")
+    r.add_argument("--no-timing", action="store_true",
+                   help="summary without re-running the functions to time them")
+    r.add_argument("script_args", nargs="*", metavar="-- ARGS",
+                   help="arguments for the script, after `--`")
+    c = sub.add_parser("cache", help="manage the kernel cache ($STAX_CACHE_DIR or ~/.cache/stax)")
+    c.add_argument("action", choices=["clear", "dir"],
+                   help="clear: delete every cached kernel and wrapper; dir: print the cache folder")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args = []
+    if argv[:1] == ["run"] and "--" in argv:        # everything after `--` belongs to the script
+        i = argv.index("--")
+        argv, script_args = argv[:i], argv[i + 1:]
+    p = _parser()
+    ns = p.parse_args(argv)
+    if ns.command is None:
+        p.print_help()
+        return 0
+    if ns.command == "cache":
+        return _cache(ns.action)
+    show = [s.strip() for s in ns.show.split(",") if s.strip()]
+    if "all" in show:
+        show = list(SHOW_STAGES)
+    bad = [s for s in show if s not in SHOW_STAGES]
+    if bad:
+        p.error(f"--show: unknown stage(s) {', '.join(bad)}; choose from {', '.join(SHOW_STAGES)}")
+    return run(ns.file, show, ns.device, list(ns.script_args) + script_args,
+               summary=not ns.no_summary, timing=not ns.no_timing)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,765 @@
+"""§9.1–9.5, §9.7 GPU code generation: fusion groups → Triton kernels + a Python wrapper.
+
+Consumes a `schedule.Schedule` (the same one the C++ back end prints); produces a `TritonModule`:
+one Python file holding a Triton kernel per fusion group (`triton_poi_fused_N`, `triton_per_fused_N`,
+`triton_red_fused_N`) and the wrapper `call(args)` of Listing 9.6. `load()` writes the file into the
+cache directory and imports it: `@triton.jit` reads its function's source from that file.
+
+Each kernel is printed by running the IR's `inner_fn`s with `TritonPrinter`, an `ops` handler whose
+values are block-level temporaries `tmpN` (with CSE): `ops.load` becomes a masked `tl.load`, the
+index expression becomes the address offset verbatim (Listing 9.1).
+
+Where to look:
+  - `split_policy` ....................... Alg. 6.1 on the GPU: split when outputs cannot fill the SMs
+  - `_choose_tiling` ..................... §9.3 1-D vs 2-D tiling, scored by coalesced accesses
+  - `_reduction_form` .................... §9.4 persistent (≤ 1024 INNER, ≤ 64 otherwise) or looped
+  - `TritonPrinter` ...................... ops.* → tl.* (masks, `other=`, eviction policies, CSE)
+  - `_pointwise_kernel`, `_reduction_kernel`  Listings 9.1–9.5
+  - `_wrapper` ........................... Listing 9.6
+  - `generate(schedule)`, `TritonModule.load()`
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from dataclasses import dataclass
+
+import sympy
+
+from . import cache
+from .codegen_cpp import _all_indices, _phases, merge_dims, _pyarg, _pyparams, _pyshape
+from .lower import (FloorDiv, ModularIndexing, REDUCTION_IDENTITY, Reduction, compute_dtype,
+                    index_vars, set_handler, simplify_index)
+from .schedule import _node_loops, node_index, store_index
+
+T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+
+# ---- §9.1 The device the code is generated for ----
+
+
+@dataclass(frozen=True)
+class Target:
+    sm_count: int = 132          # an H200 unless a GPU is present or a target is given
+    cc: int = 90
+
+
+def current_target() -> Target:
+    from . import cuda
+    if cuda.is_available():
+        p = cuda.get_device_properties()
+        return Target(p.sm_count, p.cc[0] * 10 + p.cc[1])
+    return Target()
+
+
+def split_policy(numel_out, numel_red, target: Target | None = None) -> int:
+    """Alg. 6.1 on the GPU: too few outputs to give every SM work → split each row in two levels."""
+    sm = (target or Target()).sm_count
+    out, red = sympy.sympify(numel_out), sympy.sympify(numel_red)
+    if not (out.is_Integer and red.is_Integer):
+        return 1
+    out, red = int(out), int(red)
+    if out >= 2 * sm or red <= 8192:
+        return 1
+    if out * red <= 32 * sm * 2048:                 # a modest reduction: pieces of about 8192
+        return -(-red // 8192)
+    splits = 1 << max(0, math.ceil(math.log2(8 * sm / out)))   # enough programs for every SM
+    return max(1, min(splits, red // 8192))
+
+
+# ---- Types, literals, index printing ----
+
+_TL = {"float32": "tl.float32", "float64": "tl.float64", "float16": "tl.float16",
+       "bfloat16": "tl.bfloat16", "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1"}
+_SIG = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16",
+        "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+
+
+def tl_dtype(dtype) -> str:
+    return _TL[dtype.name]
+
+
+def literal(value, dtype) -> str:
+    if dtype == T.bool_:
+        return "True" if value else "False"
+    if not dtype.is_floating_point:
+        return str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return 'float("nan")'
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else 'float("-inf")'
+    return repr(v)
+
+
+def texpr(e) -> str:
+    """Print an index expression as Triton: terms ordered by variable name (`r0_1 + 128*x0`)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        def key(t):
+            syms = sorted(s.name for s in t.free_symbols)
+            return (0, syms[0]) if syms else (1, "")
+        terms = [texpr(t) for t in sorted(e.args, key=key)]
+        out = terms[0]
+        for t in terms[1:]:
+            out += f" + ({t})" if t.startswith("-") else f" + {t}"
+        return out
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        inner = "*".join(_tparen(a) for a in sympy.Mul.make_args(rest))
+        return inner if coeff == 1 else f"{int(coeff)}*{inner}"
+    if isinstance(e, FloorDiv):
+        return f"({texpr(e.args[0])}) // {_tparen(e.args[1])}"
+    if isinstance(e, ModularIndexing):
+        a, d, m = e.args
+        base = texpr(a) if d == 1 else f"(({texpr(a)}) // {_tparen(d)})"
+        return f"{_tparen_s(base)} % {_tparen(m)}"
+    raise NotImplementedError(f"cannot print index {e}")
+
+
+def _tparen(e) -> str:
+    s = texpr(e)
+    return s if sympy.sympify(e).is_Atom else f"({s})"
+
+
+def _tparen_s(s: str) -> str:
+    return s if s.replace("_", "").isalnum() else f"({s})"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ---- Tiling (§9.3) and the reduction form (§9.4) ----
+
+
+@dataclass
+class Axis:
+    """One program axis: 'y', 'x' or 'r0_', covering loop dims (listed outer to inner)."""
+    prefix: str
+    dims: list                 # printed loop variables (sympy symbols), outer → inner
+    sizes: list
+
+    @property
+    def numel(self):
+        return sympy.sympify(sympy.prod(self.sizes)) if self.sizes else sympy.Integer(1)
+
+    @property
+    def block(self) -> str:
+        return "R0_BLOCK" if self.prefix == "r0_" else f"{self.prefix.upper()}BLOCK"
+
+
+def _choose_tiling(exprs, names) -> int:
+    """§9.3: 1 (one flat axis) or 2 (y × x tiles) — the tiling that coalesces more accesses.
+
+    With one flat axis, an access is coalesced when it is contiguous (or constant) along the
+    innermost loop; a second axis is worth it only when some access is contiguous along an outer loop.
+    """
+    if len(names) < 2:
+        return 1
+    inner = names[-1]
+    score_1d = sum(1 for e in exprs if e.coeff(inner) in (0, 1))
+    score_2d = sum(1 for e in exprs if e.coeff(inner) in (0, 1) or any(e.coeff(v) == 1 for v in names[:-1]))
+    return 2 if score_2d > score_1d else 1
+
+
+def _reduction_form(k) -> tuple:
+    """§9.4: ('per', R0_BLOCK) for a short row, else ('red', None); plus the ReductionHint."""
+    rnumel = k.raxis.numel
+    inner = any(sympy.sympify(e).coeff(k.raxis.dims[-1]) == 1 for e in k.exprs) if k.raxis.dims else True
+    hint = "INNER" if inner else "OUTER"
+    if not rnumel.is_Integer:
+        return "red", None, hint
+    limit = 1024 if inner else 64
+    if int(rnumel) <= limit:
+        return "per", next_pow2(int(rnumel)), hint
+    return "red", None, hint
+
+
+# ---- The ops handler that prints Triton ----
+
+
+@dataclass
+class TVar:
+    name: str
+    dtype: object
+
+    def __str__(self):
+        return self.name
+
+
+_LIBDEVICE = {"exp": "libdevice.exp", "exp2": "libdevice.exp2", "log": "libdevice.log",
+              "log2": "libdevice.log2", "sqrt": "libdevice.sqrt", "rsqrt": "libdevice.rsqrt",
+              "sin": "libdevice.sin", "cos": "libdevice.cos", "tanh": "libdevice.tanh",
+              "erf": "libdevice.erf", "floor": "libdevice.floor", "ceil": "libdevice.ceil",
+              "round": "libdevice.nearbyint", "trunc": "libdevice.trunc",
+              "sigmoid": "tl.sigmoid", "abs": "tl.abs", "sign": "triton_helpers.sign"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=", "lt": "<",
+          "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&", "logical_or": "|",
+          "logical_xor": "^", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
+_PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+
+
+class TritonPrinter:
+    """ops handler: each call appends `tmpN = <expr>` (deduplicated) and returns a TVar."""
+
+    def __init__(self, kernel):
+        self.k = kernel
+        self.lines, self.cse, self.masks = [], {}, []
+
+    def _emit(self, expr: str, dtype) -> TVar:
+        if expr in self.cse:
+            return self.cse[expr]
+        var = TVar(self.k.new_tmp(), dtype)
+        self.lines.append(f"{var.name} = {expr}")
+        self.cse[expr] = var
+        return var
+
+    def _shape1(self) -> str:
+        return "[1, 1]" if self.k.is_2d else "[1]"
+
+    def load(self, name, index):
+        local = self.k.locals.get(name)
+        if local is not None:
+            return local
+        dtype = self.k.dtype_of(name)
+        ptr = self.k.arg(name, read=True)
+        expr = self.k.final(index)
+        mask = self.k.mask_for(expr, extra=self.masks)
+        extras = ""
+        if self.k.reduction:
+            uses_r = any(s in self.k.rvars_printed for s in expr.free_symbols)
+            extras = ", eviction_policy='evict_first'" if uses_r else ", eviction_policy='evict_last'"
+        if mask:
+            extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
+            text = f"tl.load({ptr} + ({texpr(expr)}), {mask}{extras})"
+        else:
+            text = f"tl.load({ptr} + ({texpr(expr)}){extras})"
+        var = self._emit(text, dtype)
+        if not expr.free_symbols:                     # one element, broadcast over the block
+            var = self._emit(f"tl.broadcast_to({var}, {self.k.block_shape()})", dtype)
+        return var
+
+    def constant(self, value, dtype):
+        var = self._emit(f"tl.full({self._shape1()}, {literal(value, dtype)}, {tl_dtype(dtype)})", dtype)
+        self.k.constants[var.name] = value
+        return var
+
+    def index_expr(self, expr, dtype):
+        expr = self.k.final(expr)
+        if not expr.free_symbols:
+            return self.constant(int(expr), dtype)
+        return self._emit(f"({texpr(expr)}).to({tl_dtype(dtype)})", dtype)
+
+    def to_dtype(self, x, dtype):
+        return self._emit(f"{x}.to({tl_dtype(dtype)})", dtype)
+
+    def where(self, c, a, b):
+        return self._emit(f"tl.where({c}, {a}, {b})", a.dtype)
+
+    def masked(self, mask, body, other):
+        """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
+        self.masks.append(str(mask))
+        saved, self.cse = self.cse, dict(self.cse)
+        try:
+            result = body()
+        finally:
+            self.masks.pop()
+            self.cse = saved
+        return self._emit(f"tl.where({mask}, {result}, {other})", result.dtype)
+
+    def neg(self, x):
+        return self._emit(f"-{x}", x.dtype)
+
+    def relu(self, x):
+        zero = self._emit(f"tl.full({self._shape1()}, 0, tl.int32)", T.int32)
+        return self._emit(f"tl.maximum({zero}, {x}, tl.PropagateNan.ALL)", x.dtype) if x.dtype.is_floating_point \
+            else self._emit(f"tl.maximum({zero}, {x})", x.dtype)
+
+    def reciprocal(self, x):
+        one = self.constant(1, x.dtype)
+        return self._emit(f"({one} / {x})", x.dtype)
+
+    def isnan(self, x):
+        return self._emit(f"({x} != {x})", T.bool_)
+
+    def isinf(self, x):
+        return self._emit(f"(tl.abs({x}) == float(\"inf\"))" if x.dtype.is_floating_point else f"({x} != {x})", T.bool_)
+
+    def logical_not(self, x):
+        return self._emit(f"({x} == 0)", T.bool_)
+
+    def bitwise_not(self, x):
+        return self._emit(f"({x} == 0)" if x.dtype == T.bool_ else f"~{x}", x.dtype)
+
+    def maximum(self, a, b):
+        return self._emit(f"triton_helpers.maximum({a}, {b})", a.dtype)
+
+    def minimum(self, a, b):
+        return self._emit(f"triton_helpers.minimum({a}, {b})", a.dtype)
+
+    def floordiv(self, a, b):
+        fn = "floordiv_float" if a.dtype.is_floating_point else "floordiv"
+        return self._emit(f"triton_helpers.{fn}({a}, {b})", a.dtype)
+
+    def remainder(self, a, b):
+        fn = "remainder_float" if a.dtype.is_floating_point else "remainder"
+        return self._emit(f"triton_helpers.{fn}({a}, {b})", a.dtype)
+
+    def pow(self, a, b):
+        if a.dtype.is_floating_point:
+            c = self.k.constants.get(b.name)
+            if c in (2, 3):         # x ** 2 and x ** 3 are products, as in the C++ back end
+                return self._emit(f"({a} * {a})" if c == 2 else f"({a} * {a} * {a})", a.dtype)
+            return self._emit(f"libdevice.pow({a}, {b})", a.dtype)
+        return self._emit(f"triton_helpers.ipow({a}, {b})", a.dtype)
+
+    def __getattr__(self, op):
+        if op in _LIBDEVICE:
+            fn = _LIBDEVICE[op]
+            return lambda x: self._emit(f"{fn}({x})", x.dtype)
+        if op in _INFIX:
+            sym = _INFIX[op]
+            return lambda a, b: self._emit(f"({a} {sym} {b})", T.bool_ if op in _PRED else a.dtype)
+        raise AttributeError(f"the Triton back end has no ops.{op}")
+
+
+# ---- Kernels ----
+
+_RED_FN = {"sum": "tl.sum({v}, 1)", "prod": "triton_helpers.prod({v}, 1)",
+           "amax": "triton_helpers.max2({v}, 1)", "amin": "triton_helpers.min2({v}, 1)"}
+_COMBINE = {"sum": "({a} + {v})", "prod": "({a} * {v})",
+            "amax": "triton_helpers.maximum({a}, {v})", "amin": "triton_helpers.minimum({a}, {v})"}
+
+
+class TritonKernel:
+    def __init__(self, name_index, group, sched):
+        self.index_no, self.group, self.sched = name_index, group, sched
+        self.lowered = sched.lowered
+        self.reads, self.writes, self.locals, self.constants = {}, {}, {}, {}
+        self.ranges, self.steps, self.tmp = {}, [], 0
+        self.reduction = group.kind == "reduction"
+        self.target = {w: i for i, w in sched.lowered.mutations}
+        self.rvars_printed = set()
+
+    # -- naming and buffers --
+    def new_tmp(self) -> str:
+        self.tmp += 1
+        return f"tmp{self.tmp - 1}"
+
+    def dtype_of(self, name):
+        return self.lowered.buffer(name).dtype
+
+    def arg(self, name, read=False):
+        (self.reads if read else self.writes)[name] = True
+        return f"@{name}@"                     # renamed to in_ptrN / out_ptrN at the end
+
+    def final(self, expr):
+        expr = simplify_index(expr, self.ranges)
+        for step in self.steps:
+            expr = sympy.expand(expr.subs(step, simultaneous=True))
+        return expr
+
+    # -- blocks and masks --
+    @property
+    def is_2d(self) -> bool:
+        return len(self.axes) == 2
+
+    def block_shape(self) -> str:
+        return "[" + ", ".join(a.block for a in self.axes) + "]"
+
+    def mask_for(self, expr, extra=()) -> str:
+        used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
+        masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
+        return " & ".join(masks + list(extra))
+
+    def store(self, node, value, xvars, rvars) -> str:
+        expr = self.final(store_index(node, xvars, rvars))
+        ptr = self.arg(self.target.get(node.name, node.name))
+        mask = self.mask_for(expr)
+        offset = texpr(expr)
+        if not expr.free_symbols:
+            # one element (a full reduction, a 0-d output): a block of equal offsets, one lane writes
+            shape = "[XBLOCK, 1]" if self.reduction else self.block_shape()
+            offset, mask = f"tl.full({shape}, {offset}, tl.int32)", "xmask"
+        return f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})"
+
+    def body(self, node, xvars, rvars, printer):
+        idx, ridx = node_index(node, xvars, rvars)
+        with set_handler(printer):
+            return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+
+
+def _setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
+    """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes."""
+    xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
+    k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
+    exprs = _all_indices(k.group.nodes, xvars, rvars)
+    xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, exprs, k.ranges)
+    rs, rm, rsteps, exprs = merge_dims(rsizes, rvars, exprs, {})
+    k.exprs = exprs
+    tiling = _choose_tiling(exprs, xm) if (tiling_allowed and not rsizes) else 1
+    # name printed variables by position: y dims, then x dims, then r dims (Listings 9.1, 9.2)
+    if tiling == 2:
+        groups = [("y", xm[:-1], xs[:-1]), ("x", xm[-1:], xs[-1:])]
+    else:
+        groups = [("x", xm, xs)]
+    if rsizes is not None and k.reduction:
+        groups.append(("r0_", rm, rs))
+    rename, axes, pos = {}, [], 0
+    for prefix, olds, sizes in groups:
+        names = []
+        for old in olds:
+            sym = sympy.Symbol(f"{prefix if prefix != 'r0_' else 'r0_'}{pos}", integer=True, nonnegative=True)
+            rename[old] = sym
+            names.append(sym)
+            pos += 1
+        axes.append(Axis(prefix, names, list(sizes)))
+    k.steps = xsteps + rsteps + [rename]
+    k.axes = axes
+    k.raxis = axes[-1] if k.reduction else None
+    if k.raxis is not None:
+        k.rvars_printed = set(k.raxis.dims)
+    k.exprs = [sympy.expand(sympy.sympify(e).subs(rename, simultaneous=True)) for e in exprs]
+    return xvars, rvars
+
+
+def _axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> tuple:
+    """The index/mask lines of one axis (Listing 9.1's part (2)) and its variable definitions."""
+    p, n = axis.prefix, len(k.axes)
+    slot = {0: "[:, None]", 1: "[None, :]"} if n == 2 else {0: "[:]"}
+    sl = slot[k.axes.index(axis)]
+    lines = []
+    if p == "r0_":
+        if per_block is not None:
+            lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}")
+            lines.append("r0_offset = 0")
+            if "r0_mask" in k.always_true:
+                lines.append(f"r0_mask = tl.full([R0_BLOCK], True, tl.int1){sl}")
+            else:
+                lines.append("r0_mask = r0_index < r0_numel")
+            lines += ["roffset = r0_offset", "rindex = r0_index"]
+        elif looped:
+            lines += ["r0_index = r0_offset + r0_base", "r0_mask = r0_index < r0_numel",
+                      "roffset = r0_offset", "rindex = r0_index"]
+    else:
+        lines.append(f"{p}offset = tl.program_id({grid_dim}) * {axis.block}")
+        lines.append(f"{p}index = {p}offset + tl.arange(0, {axis.block}){sl}")
+        lines.append(f"{p}mask = {p}index < {p}numel")
+    return lines
+
+
+def _var_lines(axis) -> list:
+    """x0 = xindex, or for a flattened axis x0 = xindex % 512, x1 = xindex // 512 (inner first)."""
+    if not axis.dims:
+        return []
+    if len(axis.dims) == 1:
+        return [f"{axis.dims[0]} = {axis.prefix}index"]
+    lines, div = [], sympy.Integer(1)
+    for sym, size in zip(reversed(axis.dims), reversed(axis.sizes)):
+        base = f"{axis.prefix}index" if div == 1 else f"({axis.prefix}index // {texpr(div)})"
+        last = sym == axis.dims[0]
+        lines.append(f"{sym} = {base}" if last else f"{sym} = {base} % {_tparen(size)}")
+        div = div * size
+    return lines
+
+
+def _pointwise_kernel(k: TritonKernel) -> tuple:
+    g = k.group
+    xvars, _ = _setup_axes(k, g.ranges, [])
+    k.always_true = set()
+    p = TritonPrinter(k)
+    stores = []
+    for node in g.nodes:
+        value = k.body(node, xvars, [], p)
+        k.locals[node.name] = value
+        if node.name not in k.sched.kernel_local:
+            stores.append(k.store(node, value, xvars, []))
+    head = [f"{a.prefix}numel = {texpr(a.numel)}" for a in k.axes]
+    grid_dims = {a.prefix: i for i, a in enumerate(reversed(k.axes))}   # x is program_id(0)
+    for a in k.axes:
+        head += _axis_lines(k, a, grid_dims[a.prefix])
+    for a in reversed(k.axes):
+        head += _var_lines(a)
+    return "poi", head + p.lines + stores, None
+
+
+def _reduction_kernel(k: TritonKernel) -> tuple:
+    g = k.group
+    xvars, rvars = _setup_axes(k, g.ranges, g.reduction_ranges)
+    form, r0_block, hint = _reduction_form(k)
+    rnumel = k.raxis.numel
+    k.always_true = {"r0_mask"} if form == "per" and rnumel.is_Integer and int(rnumel) == r0_block else set()
+    xaxis, raxis = k.axes[0], k.axes[1]
+    head = [f"xnumel = {texpr(xaxis.numel)}", f"r0_numel = {texpr(rnumel)}"]
+    if form == "per":
+        head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
+    head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
+    head += _axis_lines(k, xaxis, 0)
+    if form == "per":
+        head += _axis_lines(k, raxis, None, per_block=r0_block)
+        head += _var_lines(raxis) + _var_lines(xaxis)
+    else:
+        head += ["r0_base = tl.arange(0, R0_BLOCK)[None, :]", "rbase = r0_base"] + _var_lines(xaxis)
+    body = []
+    for phase, nodes in _phases(k):
+        if phase == "row":
+            for node in nodes:
+                p = TritonPrinter(k)
+                value = k.body(node, xvars, rvars, p)
+                body += p.lines
+                k.locals[node.name] = value
+                if node.name not in k.sched.kernel_local:
+                    body.append(k.store(node, value, xvars, rvars))
+        elif form == "per":
+            body += _persistent_phase(k, nodes, xvars, rvars)
+        else:
+            body += _looped_phase(k, nodes, xvars, rvars)
+    return form, head + body, hint
+
+
+def _reduce_mask(k) -> str:
+    return " & ".join(m for m in ("r0_mask", "xmask") if m not in k.always_true)
+
+
+def _flat_rindex(k) -> str:
+    return texpr(sum((d * sympy.prod(k.raxis.sizes[i + 1:]) for i, d in enumerate(k.raxis.dims)), sympy.Integer(0)))
+
+
+def _persistent_phase(k, nodes, xvars, rvars) -> list:
+    """The whole row is in registers: each reduction is one tl.sum / max2 over dimension 1."""
+    p = TritonPrinter(k)
+    lines = []
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if isinstance(n, Reduction):
+            mask = _reduce_mask(k)
+            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            acc = tl_dtype(n.src_dtype)
+            if n.reduction_type in ("argmax", "argmin"):
+                ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+                pair = k.new_tmp()
+                p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 1)")
+                result = p._emit(f"{pair}[:, None]", T.int64)
+            else:
+                ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+                ident = "0" if ident in ("0.0", "0") else ident
+                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                result = p._emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
+            k.locals[n.name] = result
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, result, xvars, rvars))
+        else:
+            k.locals[n.name] = value
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, value, xvars, rvars))
+    return lines + p.lines
+
+
+def _looped_phase(k, nodes, xvars, rvars) -> list:
+    """Loop over the row in R0_BLOCK steps with an XBLOCK × R0_BLOCK accumulator (Listing 9.4)."""
+    pre, post = [], []
+    reductions = [n for n in nodes if isinstance(n, Reduction)]
+    accs = {}
+    for n in reductions:
+        num = k.new_tmp()[3:]
+        accs[n.name] = num
+        ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+        pre.append(f"_tmp{num} = tl.full([XBLOCK, R0_BLOCK], {ident}, {tl_dtype(n.src_dtype)})")
+        if n.reduction_type in ("argmax", "argmin"):
+            pre.append(f"_tmp{num}_index = tl.full([XBLOCK, R0_BLOCK], 0, tl.int64)")
+    p = TritonPrinter(k)
+    inner = []
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if isinstance(n, Reduction):
+            num, mask = accs[n.name], _reduce_mask(k)
+            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            if n.reduction_type in ("argmax", "argmin"):
+                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                fn = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
+                nv, ni = k.new_tmp(), k.new_tmp()
+                p.lines.append(f"{nv}, {ni} = triton_helpers.{fn}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
+                p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
+                p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
+                fn2 = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+                post.append(f"_, tmp{num}_idx = triton_helpers.{fn2}(_tmp{num}, _tmp{num}_index, 1)")
+                post.append(f"tmp{num} = tmp{num}_idx[:, None]")
+                k.locals[n.name] = TVar(f"tmp{num}", T.int64)
+            else:
+                comb = p._emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
+                p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
+                post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[:, None]")
+                k.locals[n.name] = TVar(f"tmp{num}", n.src_dtype)
+            if n.name not in k.sched.kernel_local:
+                post.append(k.store(n, k.locals[n.name], xvars, rvars))
+        else:
+            k.locals[n.name] = value
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, value, xvars, rvars))
+    for n in nodes:                       # per-element values do not outlive their loop
+        if not isinstance(n, Reduction):
+            k.locals.pop(n.name, None)
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in p.lines]
+    return pre + loop + post
+
+
+# ---- Printing a whole kernel ----
+
+
+def _finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
+    """Signature, decorator and the renamed pointer parameters; returns (name, source, params)."""
+    name = f"triton_{form}_fused_{k.index_no}"
+    order = list(dict.fromkeys(list(k.reads) + list(k.writes)))
+    in_out = [n for n in order if n in k.reads and n in k.writes]
+    ins = [n for n in order if n in k.reads and n not in k.writes]
+    outs = [n for n in order if n in k.writes and n not in k.reads]
+    rename = {}
+    rename.update({n: f"in_out_ptr{i}" for i, n in enumerate(in_out)})
+    rename.update({n: f"in_ptr{i}" for i, n in enumerate(ins)})
+    rename.update({n: f"out_ptr{i}" for i, n in enumerate(outs)})
+    params = in_out + ins + outs
+    text = "\n".join(lines)
+    for n, pname in rename.items():
+        text = text.replace(f"@{n}@", pname)
+    numels = [f"{a.prefix}numel" for a in k.axes]
+    blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
+    sig = [rename[n] for n in params] + numels + [f"{b} : tl.constexpr" for b in blocks]
+    size_hints = ", ".join(f"'{a.prefix}': {next_pow2(int(a.numel)) if a.numel.is_Integer else 8192}" for a in k.axes)
+    signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
+    signature.update({nm: "i32" for nm in numels})
+    kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
+    extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
+        ", tile_hint=TileHint.DEFAULT" if len(k.axes) == 2 else "")
+    origins = ", ".join(dict.fromkeys(k.group.origins))
+    src = (f"# {name}: computes {origins}\n"
+           f"@triton_heuristics.{kind}(size_hints={{{size_hints}}}{extra}, signature={signature!r})\n"
+           f"@triton.jit\n"
+           f"def {name}({', '.join(sig)}):\n"
+           + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
+    return name, src, params, [texpr(a.numel) for a in k.axes]
+
+
+# ---- §9.7 The wrapper and the module ----
+
+HEADER = '''import triton
+import triton.language as tl
+from stax.autotune import triton_heuristics, ReductionHint, TileHint
+from stax import triton_helpers
+from stax.triton_helpers import libdevice
+'''
+
+
+@dataclass
+class TritonModule:
+    kernels: dict
+    wrapper: str
+    schedule: object
+
+    @property
+    def source(self) -> str:
+        return HEADER + "\n\n" + "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
+
+    def __str__(self):
+        return self.source
+
+    def load(self):
+        path = cache.cache_dir() / "py" / f"triton_{cache.content_hash(self.source)}.py"
+        if not path.exists():
+            cache.atomic_write(path, self.source)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        mod.__dict__.update(wrapper_globals())
+        spec.loader.exec_module(mod)
+        return mod.call
+
+
+def _wrapper(sched, calls) -> str:
+    low = sched.lowered
+    names = [b.name for b in low.inputs]
+    lines = ["def call(args):"]
+    if names:
+        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
+    lines.append("    args.clear()")
+    for b in low.inputs:
+        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)}, 'input')")
+    lines.append("    with stax.cuda.device(0):")
+    defined, keep, stream = set(names), {o for o in low.outputs if isinstance(o, str)}, False
+    for gi, call, new in calls:
+        for line in call:
+            if ".run(" in line and not stream:
+                lines.append("        raw_stream0 = get_raw_stream(0)")
+                stream = True
+            lines.append("        " + line)
+        defined |= new
+        dead = sorted(n for n in defined if sched.last_use.get(n) == gi and n not in keep)
+        if dead:
+            lines.append(f"        del {', '.join(dead)}")
+            defined -= set(dead)
+    outs = [o if isinstance(o, str) else repr(o) for o in low.outputs]
+    lines.append(f"    return ({', '.join(outs)}{', ' if len(outs) == 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def generate(sched) -> TritonModule:
+    low = sched.lowered
+    kernels, calls, allocated = {}, [], {b.name for b in low.inputs}
+    for g in sched.groups:
+        call, new = [], set()
+        if g.kind == "extern":
+            e = g.nodes[0]
+            args = ", ".join(_pyarg(a) for a in e.inputs)
+            call.append(f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, stax.{e.dtype.name})")
+            for sym, (node_name, dim) in low.unbacked.items():
+                if node_name in e.origins:
+                    call.append(f"{sym} = {e.name}.shape[{dim}]")
+            new.add(e.name)
+        else:
+            k = TritonKernel(len(kernels), g, sched)
+            form, lines, hint = (_pointwise_kernel(k) if g.kind == "pointwise" else _reduction_kernel(k))
+            name, src, params, numels = _finish(k, form, lines, hint)
+            kernels[name] = src
+            for p in params:
+                if p not in allocated:
+                    b = low.buffer(p)
+                    call.append(f"{p} = empty_strided_cuda({_pyshape(b.layout.shape)}, "
+                                f"{_pyshape(b.layout.stride)}, stax.{b.dtype.name})")
+                    new.add(p)
+            call.append(f"{name}.run({', '.join(params + numels)}, stream=raw_stream0)")
+        allocated |= new
+        calls.append((g.index, call, new))
+    return TritonModule(kernels, _wrapper(sched, calls), sched)
+
+
+# ---- §9.7 Runtime helpers the wrapper calls ----
+
+
+def wrapper_globals() -> dict:
+    import stax
+    from .codegen_cpp import assert_size_stride as _assert
+
+    def assert_size_stride(t, shape, stride, what="input"):
+        _assert(t, shape, stride)
+
+    def empty_strided_cuda(shape, stride, dtype):
+        return T.empty(*shape, dtype=dtype, device="cuda")
+
+    def get_raw_stream(index):
+        return None            # one stream per process (stax.cuda's default stream)
+
+    def extern_kernel(op, inputs, params, dtype):
+        """§6.1 fallback on the GPU: through the host, result back on the device."""
+        return T._run_eager(op, inputs, params, [T.Meta((), (), dtype, "cuda")])[0]
+
+    return {"stax": stax, "assert_size_stride": assert_size_stride,
+            "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
+            "extern_kernel": extern_kernel}

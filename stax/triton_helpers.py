@@ -1,0 +1,165 @@
+"""Device functions that generated Triton kernels call (the GPU counterpart of cpp_prelude.h).
+
+Kernels print `triton_helpers.max2(tmp4, 1)`, `triton_helpers.maximum(a, b)`, `libdevice.exp(x)`:
+this module defines them. Max and min propagate NaN as eager does (Triton's `tl.max` does not).
+`libdevice` is Triton's CUDA libdevice, except under `TRITON_INTERPRET=1`, where libdevice calls
+return None, so the same names map to `tl` functions the interpreter implements.
+
+Where to look: `maximum`/`minimum` (NaN-propagating), `max2`/`min2`/`prod` (row reductions),
+`max_with_index`/`min_with_index` (argmax/argmin: first index wins ties, NaN counts as largest),
+`floordiv`/`remainder` (Python signs), `libdevice`.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# ---- libdevice, or its interpreter stand-in ----
+
+@triton.jit
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _nearbyint(x):
+    r = tl.floor(x + 0.5)
+    half = r * 0.5
+    return tl.where(((r - x) == 0.5) & (tl.floor(half) != half), r - 1.0, r)
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def _pow(a, b):
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    whole = tl.floor(b) == b
+    odd = whole & ((tl.floor(b * 0.5) * 2.0) != b)
+    signed = tl.where(a < 0, tl.where(whole, tl.where(odd, -mag, mag), float("nan")), mag)
+    return tl.where(b == 0, 1.0, signed)
+
+
+class _InterpretedLibdevice:
+    """libdevice's names, resolved at call time to the `tl` functions the interpreter patches."""
+    _OWN = {"tanh": _tanh, "nearbyint": _nearbyint, "trunc": _trunc, "pow": _pow}
+
+    def __getattr__(self, name):
+        return self._OWN.get(name) or getattr(tl, name)
+
+
+if INTERPRET:
+    libdevice = _InterpretedLibdevice()
+else:
+    from triton.language.extra import libdevice  # noqa: F401
+
+
+# ---- NaN-propagating max/min ----
+
+
+@triton.jit
+def maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def max2(a, dim):
+    return tl.reduce(a, dim, maximum)
+
+
+@triton.jit
+def min2(a, dim):
+    return tl.reduce(a, dim, minimum)
+
+
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def prod(a, dim):
+    return tl.reduce(a, dim, _prod_combine)
+
+
+# ---- argmax / argmin: (value, index) pairs ----
+
+
+@triton.jit
+def _pick_max(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    take_a = (a > b) | (a_nan & ~b_nan) | (((a == b) | (a_nan & b_nan)) & (ai < bi))
+    return tl.where(take_a, a, b), tl.where(take_a, ai, bi)
+
+
+@triton.jit
+def _pick_min(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    take_a = (a < b) | (a_nan & ~b_nan) | (((a == b) | (a_nan & b_nan)) & (ai < bi))
+    return tl.where(take_a, a, b), tl.where(take_a, ai, bi)
+
+
+@triton.jit
+def max_with_index(value, index, dim):
+    return tl.reduce((value, index), dim, _pick_max)
+
+
+@triton.jit
+def min_with_index(value, index, dim):
+    return tl.reduce((value, index), dim, _pick_min)
+
+
+# ---- Python-semantics integer/float division ----
+
+
+@triton.jit
+def floordiv(a, b):
+    q = a // b
+    # Triton's // truncates toward zero for integers; Python floors
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def floordiv_float(a, b):
+    return tl.floor(a / b)
+
+
+@triton.jit
+def remainder(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def remainder_float(a, b):
+    return a - b * tl.floor(a / b)
+
+
+@triton.jit
+def sign(x):
+    return tl.where(x > 0, 1, tl.where(x < 0, -1, 0)).to(x.dtype)
+
+
+@triton.jit
+def ipow(a, b):
+    r = tl.full(a.shape, 1, a.dtype) + a * 0
+    base = a
+    e = b + a * 0
+    for _ in tl.static_range(63):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    return tl.where(b < 0, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
