@@ -389,6 +389,16 @@ class TritonKernel:
             launcher = self.launchers[id(cfg)] = self._compile(cfg)
         launcher(grid, [a if isinstance(a, int) else a.data_ptr() for a in args])
 
+    def compile_for(self, cc: int = 90, cfg: Config | None = None):
+        """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
+        from . import cuda
+        numels = {f"{p}numel": n for p, n in self.size_hints.items()}
+        numels = {("r0_numel" if k == "r0_numel" else k): v for k, v in numels.items()}
+        cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
+        constexprs = {k: v for k, v in cfg.items() if k.isupper()}
+        return cuda.compile_triton(self.fn, dict(self.signature), constexprs,
+                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], cc=cc)
+
     def _compile(self, cfg: Config):
         """Compile for this GPU once per configuration; cubins are cached on disk by content."""
         import pickle

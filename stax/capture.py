@@ -243,12 +243,21 @@ def _scatter_into(base, value, view_ops):
 # ---- Entry point ----
 
 
+_CONST = object()    # spec kind of a non-tensor output leaf: returned as is, never enters the graph
+
+
 def _flatten(obj, leaves):
-    """Flatten nested tuples/lists/dicts of outputs; returns a rebuild spec."""
+    """Flatten nested tuples/lists/dicts of outputs into tensor leaves; returns a rebuild spec.
+
+    Non-tensor leaves (None, numbers, strings) are kept in the spec itself, so that generated code
+    only ever returns buffers (a string output can't be mistaken for a buffer name).
+    """
     if isinstance(obj, (tuple, list)):
         return (type(obj), [_flatten(x, leaves) for x in obj])
     if isinstance(obj, dict):
         return (dict, [(k, _flatten(v, leaves)) for k, v in obj.items()])
+    if not isinstance(obj, T.Tensor):
+        return (_CONST, obj)
     leaves.append(obj)
     return None
 
@@ -257,6 +266,8 @@ def unflatten(spec, leaves_iter):
     if spec is None:
         return next(leaves_iter)
     kind, items = spec
+    if kind is _CONST:
+        return items
     if kind is dict:
         return {k: unflatten(s, leaves_iter) for k, s in items}
     vals = [unflatten(s, leaves_iter) for s in items]
@@ -305,7 +316,7 @@ def capture(fn, args: list, kwargs: dict | None = None):
     leaves = []
     spec = _flatten(result, leaves)
     g = tracer.graph
-    g.outputs = [tracer._node_of(x) if isinstance(x, T.Tensor) else x for x in leaves]
+    g.outputs = [tracer._node_of(x) for x in leaves]
     # drop nodes nothing depends on (ops whose results the function never used)
     live, keep = set(), []
     for x in g.outputs + [n for _, n in g.mutations]:

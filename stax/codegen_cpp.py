@@ -135,7 +135,7 @@ class CVar:
 
 _UNARY_FN = {"exp": "stax_exp", "exp2": "stax_exp2", "log": "stax_log", "log2": "stax_log2",
              "erf": "stax_erf", "tanh": "stax_tanh", "sigmoid": "stax_sigmoid", "sin": "stax_sin",
-             "cos": "stax_cos", "rsqrt": "stax_rsqrt", "relu": "stax_relu", "sign": "stax_sign",
+             "cos": "stax_cos", "rsqrt": "stax_rsqrt", "relu": "stax_relu",
              "sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round": "rint", "trunc": "trunc"}
 _BINARY_OP = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=",
               "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&&",
@@ -223,6 +223,12 @@ class CppPrinter:
         if not x.dtype.is_floating_point:
             return CVar("false", T.bool_)
         return self._emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", T.bool_)
+
+    def sign(self, x):
+        """PyTorch's (and eager's) sign: (0 < x) - (x < 0), so sign(NaN) == 0 and sign(-0.0) == +0."""
+        t = ctype(x.dtype)
+        return self._emit(f"static_cast<{t}>(static_cast<int>({cliteral(0, x.dtype)} < {x}) - "
+                          f"static_cast<int>({x} < {cliteral(0, x.dtype)}))", x.dtype)
 
     def logical_not(self, x): return self._emit(f"!{x}", T.bool_)
     def bitwise_not(self, x): return self._emit(f"!{x}" if x.dtype == T.bool_ else f"~{x}", x.dtype)

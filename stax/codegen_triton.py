@@ -522,6 +522,12 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
     return form, head + body, hint
 
 
+def _identity(n) -> str:
+    """A reduction's identity as the listings print it: 0 and 1 plain, ±inf as float("±inf")."""
+    v = REDUCTION_IDENTITY[n.reduction_type]
+    return str(int(v)) if v in (0, 1) else literal(v, n.src_dtype)
+
+
 def _reduce_mask(k) -> str:
     return " & ".join(m for m in ("r0_mask", "xmask") if m not in k.always_true)
 
@@ -549,8 +555,7 @@ def _persistent_phase(k, nodes, xvars, rvars) -> list:
                 p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 1)")
                 result = p._emit(f"{pair}[:, None]", T.int64)
             else:
-                ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
-                ident = "0" if ident in ("0.0", "0") else ident
+                ident = _identity(n)
                 m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
                 result = p._emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
             k.locals[n.name] = result
@@ -571,7 +576,7 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
     for n in reductions:
         num = k.new_tmp()[3:]
         accs[n.name] = num
-        ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+        ident = _identity(n)
         pre.append(f"_tmp{num} = tl.full([XBLOCK, R0_BLOCK], {ident}, {tl_dtype(n.src_dtype)})")
         if n.reduction_type in ("argmax", "argmin"):
             pre.append(f"_tmp{num}_index = tl.full([XBLOCK, R0_BLOCK], 0, tl.int64)")

@@ -1246,12 +1246,23 @@ def _check_float(x, name):
         raise RuntimeError(f"\"{name}\" not implemented for '{x.dtype._tname}'")
 
 
+def _compute_in_float32(x):
+    """softmax's own casts to and from the compute dtype, recorded even when they change nothing
+    (as ATen's decomposition records them; the Triton listing 9.5 shows both as `.to(tl.float32)`)."""
+    if TRACER is not None and x.dtype is float32:
+        return _op("to_dtype", [x], {"dtype": float32}, _meta(x.shape, float32, x.device)), float32
+    return _upcast(x)
+
+
 def softmax(x, dim, dtype=None):
     x = x if dtype is None else to_dtype(x, dtype)
     _check_float(x, "softmax_lastdim_kernel_impl")
-    x, half = _upcast(x)
+    x, back = _compute_in_float32(x)
     e = exp(sub(x, _row_max(x, dim)))
-    return _downcast(div(e, sum(e, dim, keepdim=True)), half)
+    y = div(e, sum(e, dim, keepdim=True))
+    if back is float32:
+        return _op("to_dtype", [y], {"dtype": float32}, _meta(y.shape, float32, y.device))
+    return _downcast(y, back)
 
 
 def log_softmax(x, dim, dtype=None):

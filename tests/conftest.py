@@ -144,8 +144,16 @@ def _assert_close_fixture():
 _OWN_CACHE_DIR: str | None = None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--regen-goldens", action="store_true",
+                     help="rewrite tests/golden/ from the current code generators")
+
+
 def pytest_configure(config):
     global _OWN_CACHE_DIR
+    # no GPU: device="cuda" tests run their Triton kernels in Triton's interpreter on host memory
+    if _gpu_unavailable_reason() is not None:
+        os.environ["TRITON_INTERPRET"] = "1"
     if not os.environ.get("STAX_CACHE_DIR"):
         _OWN_CACHE_DIR = tempfile.mkdtemp(prefix="stax-test-cache-")
         os.environ["STAX_CACHE_DIR"] = _OWN_CACHE_DIR

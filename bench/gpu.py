@@ -1,0 +1,208 @@
+"""GPU benchmark (issue 3): Stax's Triton kernels against the memory floor and torch.compile.
+
+Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`.
+For each workload of ../shared/ANCHORS.md at its shape it prints, from one run: Stax's time
+(CUDA events around repeated calls of the compiled function, outputs allocated by Stax's caching
+allocator as a user would see), the floor (each input read once + each output written once, over
+the device-to-device copy bandwidth measured in the same run), the fraction floor / time, and,
+when torch is importable, torch.compile's time (triton.testing.do_bench) and the ratio.
+It also measures the host time per launch, the cold compile of a one-kernel function (after
+`import stax` and device start) and the same with the on-disk cache warm.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import stax  # noqa: E402
+from stax import cuda  # noqa: E402
+
+GB = 1e9
+
+
+def gelu_like(h):
+    return 0.7 * (0.5 * (1 + stax.erf(h * 0.7071067811865476)) + h * stax.exp(-0.5 * h * h) * 0.3989422804014327)
+
+
+# name -> (function, input shapes, output elements count function)
+WORKLOADS = {
+    "ex1_1": (lambda x, y: (stax.relu(x + y) * 2).sum(-1), [(16384, 8192), (16384, 8192)]),
+    "ex6_1": (lambda x, y: x.t() + y, [(8192, 16384), (16384, 8192)]),
+    "ex6_2": (lambda x: (x * x).sum(-1), [(64, 4194304)]),
+    "softmax": (lambda x: stax.softmax(x, -1), [(65536, 1000)]),
+    "softmax:long": (lambda x: stax.softmax(x, -1), [(4096, 32768)]),
+    "layernorm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(65536, 4096), (4096,), (4096,)]),
+    "gelu": (gelu_like, [(64 << 20,)]),
+}
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 30
+    a, b = cuda.allocate(n), cuda.allocate(n)
+    cuda.copy_device_to_device(b, a, n)
+    cuda.synchronize()
+    e0, e1 = cuda.Event(), cuda.Event()
+    e0.record()
+    for _ in range(10):
+        cuda.copy_device_to_device(b, a, n)
+    e1.record()
+    e1.synchronize()
+    ms = e0.elapsed_time(e1) / 10
+    return 2 * n / (ms * 1e-3)          # read + write
+
+
+def time_calls(fn, args, iters=None) -> float:
+    """Milliseconds per call, CUDA events around `iters` calls after warm-up."""
+    for _ in range(3):
+        fn(*args)
+    cuda.synchronize()
+    e0, e1 = cuda.Event(), cuda.Event()
+    e0.record()
+    t0 = time.perf_counter()
+    fn(*args)
+    e1.record()
+    e1.synchronize()
+    one = max(e0.elapsed_time(e1), 1e-3)
+    iters = iters or max(5, min(200, int(200 / one)))
+    times = []
+    for _ in range(5):
+        e0.record()
+        for _ in range(iters):
+            fn(*args)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / iters)
+    return float(np.median(times))
+
+
+def torch_time(name, shapes):
+    try:
+        import torch
+        import triton.testing
+    except Exception:
+        return None
+    fns = {
+        "ex1_1": lambda x, y: (torch.relu(x + y) * 2).sum(-1),
+        "ex6_1": lambda x, y: x.t() + y,
+        "ex6_2": lambda x: (x * x).sum(-1),
+        "softmax": lambda x: torch.softmax(x, -1),
+        "softmax:long": lambda x: torch.softmax(x, -1),
+        "layernorm": lambda x, w, b: torch.nn.functional.layer_norm(x, (4096,), w, b),
+        "gelu": lambda h: 0.7 * (0.5 * (1 + torch.erf(h * 0.7071067811865476)) + h * torch.exp(-0.5 * h * h) * 0.3989422804014327),
+    }
+    args = [torch.randn(*s, device="cuda") for s in shapes]
+    f = torch.compile(fns[name])
+    t0 = time.perf_counter()
+    f(*args)
+    torch.cuda.synchronize()
+    cold = time.perf_counter() - t0
+    ms = triton.testing.do_bench(lambda: f(*args))
+    del args
+    torch.cuda.empty_cache()
+    return ms, cold
+
+
+def host_overhead():
+    """Host µs per launch: a one-kernel compiled function on a tiny input, and the launch alone."""
+    x = stax.randn(1024, device="cuda")
+    f = stax.compile(lambda x: x * 2 + 1)
+    f(x)
+    cuda.synchronize()
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f(x)
+    cuda.synchronize()
+    per_call = (time.perf_counter() - t0) / n * 1e6
+    call = next(iter(f.artifacts.values()))[0]
+    kernel = [v for k, v in call.__globals__.items() if k.startswith("triton_")][0]
+    out = stax.empty(1024, device="cuda")
+    kernel.run(x, out, 1024, stream=None)
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        kernel.run(x, out, 1024, stream=None)
+    cuda.synchronize()
+    per_launch = (time.perf_counter() - t0) / n * 1e6
+    return per_call, per_launch
+
+
+COLD = r"""
+import time, sys
+sys.path.insert(0, {root!r})
+import stax
+from stax import cuda
+x = stax.randn(1 << 20, device="cuda"); cuda.synchronize()
+f = stax.compile(lambda x: (x * 2 + 1).relu())
+t0 = time.perf_counter(); f(x); cuda.synchronize(); t = time.perf_counter() - t0
+print("SECONDS", t, "triton_loaded", 'triton' in sys.modules)
+"""
+
+
+def compile_times():
+    import tempfile
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = dict(os.environ, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"))
+    out = []
+    for _ in range(2):                       # cold, then warm on-disk cache
+        r = subprocess.run([sys.executable, "-c", COLD.format(root=root)], env=env,
+                           capture_output=True, text=True)
+        line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
+        out.append(float(line[0].split()[1]) if line else float("nan"))
+        if not line:
+            print(r.stdout, r.stderr)
+    return out
+
+
+def main(argv):
+    json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
+    names = [a for a in argv if a in WORKLOADS] or list(WORKLOADS)
+    props = cuda.get_device_properties()
+    bw = copy_bandwidth()
+    print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
+    rows = []
+    for name in names:
+        fn, shapes = WORKLOADS[name]
+        args = [stax.randn(*s, device="cuda") for s in shapes]
+        f = stax.compile(fn)
+        t0 = time.perf_counter()
+        out = f(*args)
+        cuda.synchronize()
+        cold = time.perf_counter() - t0
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        nbytes = sum(a.numel() * 4 for a in args) + sum(o.numel() * 4 for o in outs)
+        floor = nbytes / bw * 1e3
+        ms = time_calls(f, args)
+        kernels = list(f.last_generated.kernels)
+        tt = torch_time(name, shapes)
+        row = {"workload": name, "stax_ms": ms, "floor_ms": floor, "frac": floor / ms,
+               "kernels": kernels, "stax_cold_s": cold}
+        if tt:
+            row.update(torch_ms=tt[0], torch_cold_s=tt[1], speedup=tt[0] / ms)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del args, out, outs
+    per_call, per_launch = host_overhead()
+    cold, warm = compile_times()
+    print()
+    print(f"| workload | Stax ms | floor ms | frac | torch.compile ms | torch/Stax | kernels |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        tm = f"{r['torch_ms']:.3f}" if "torch_ms" in r else "-"
+        sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"
+        print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {tm} | {sp} | {', '.join(r['kernels'])} |")
+    print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}")
+    print(f"cold compile of a one-kernel function: {cold:.2f} s; warm on-disk cache: {warm:.3f} s")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"rows": rows, "per_call_us": per_call, "per_launch_us": per_launch,
+                       "cold_s": cold, "warm_s": warm, "bandwidth_GBs": bw / GB}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,247 @@
+"""The GPU back end (§9): Triton kernels against numpy, kernel forms, sm_90 builds, golden kernels.
+
+Runs everywhere: on a machine with an NVIDIA GPU the kernels run on it; elsewhere conftest sets
+TRITON_INTERPRET=1 and the same kernels run in Triton's interpreter on host memory.
+Goldens: `pytest tests/test_gpu.py --regen-goldens` rewrites tests/golden/ (read its README).
+"""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stax
+from conftest import assert_close
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def run_cuda(fn, *args):
+    """(compiled result on the device, moved to the host; eager result on the CPU; generated code)."""
+    dev = [a.to("cuda") if isinstance(a, stax.Tensor) else a for a in args]
+    cf = stax.compile(fn)
+    out = cf(*dev)
+    ref = fn(*args)
+    return out, ref, cf.last_generated
+
+
+def check(fn, *args, dtype=None):
+    out, ref, gen = run_cuda(fn, *args)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    for o, r in zip(outs, refs):
+        assert o.device == "cuda"
+        assert_close(o.cpu(), r, dtype or r.dtype)
+    return gen
+
+
+def f64(t):
+    return np.asarray(t.numpy(), np.float64)
+
+
+# ---- the chapter's examples ----
+
+
+def test_example_1_1_is_one_persistent_reduction():
+    x, y = stax.randn(64, 128), stax.randn(64, 128)
+    out, _, gen = run_cuda(lambda x, y: (stax.relu(x + y) * 2).sum(-1), x, y)
+    ref = (np.maximum(f64(x) + f64(y), 0) * 2).sum(-1)
+    assert_close(out.cpu(), ref, stax.float32)
+    assert list(gen.kernels) == ["triton_per_fused_0"]
+
+
+def test_example_6_1_is_a_2d_tiled_pointwise_kernel():
+    x, y = stax.randn(512, 256), stax.randn(256, 512)
+    out, _, gen = run_cuda(lambda x, y: x.t() + y, x, y)
+    assert_close(out.cpu(), f64(x).T + f64(y), stax.float32)
+    (src,) = gen.kernels.values()
+    assert "YBLOCK" in src and "tl.program_id(1)" in src
+
+
+def test_example_6_2_splits_into_two_kernels():
+    x = stax.randn(64, 16384)
+    out, _, gen = run_cuda(lambda x: (x * x).sum(-1), x)
+    assert_close(out.cpu(), (f64(x) ** 2).sum(-1), stax.float32)
+    assert list(gen.kernels) == ["triton_red_fused_0", "triton_per_fused_1"]
+
+
+@pytest.mark.parametrize("shape", [(256, 1000), (7, 1), (3, 5000), (1, 1024)])
+def test_softmax_is_one_kernel(shape):
+    x = stax.randn(*shape)
+    out, _, gen = run_cuda(lambda x: stax.softmax(x, -1), x)
+    e = np.exp(f64(x) - f64(x).max(-1, keepdims=True))
+    assert_close(out.cpu(), e / e.sum(-1, keepdims=True), stax.float32)
+    assert len(gen.kernels) == 1
+    kind = "poi" if shape[1] == 1 else "per" if shape[1] <= 1024 else "red"   # a 1-long row needs no reduction
+    assert next(iter(gen.kernels)).startswith(f"triton_{kind}_")
+
+
+def test_layer_norm_and_mlp_block():
+    x, w, b = stax.randn(37, 300), stax.randn(300), stax.randn(300)
+    gen = check(lambda x, w, b: stax.layer_norm(x, (300,), w, b), x, w, b)
+    assert len(gen.kernels) == 1
+    a, wm, bias = stax.randn(32, 48), stax.randn(48, 64), stax.randn(64)
+    check(lambda a, w, b: stax.layer_norm(stax.gelu(a @ w + b), (64,)), a, wm, bias)
+
+
+# ---- ops, layouts, dtypes ----
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("unary", lambda x: x.exp() + x.sin() * x.cos() + x.tanh() + x.sigmoid() + x.floor() + x.round() + x.sign(), [(1000,)]),
+    ("logs", lambda x: x.abs().log() + x.abs().sqrt() + x.abs().rsqrt() + x.exp2() + x.abs().log2() + stax.erf(x), [(7, 9)]),
+    ("pow_div", lambda x, y: x ** 2 + x ** 3 + x.abs() ** 2.5 + x // 0.7 + x % 0.3 + x / y, [(33,), (33,)]),
+    ("gelu_silu", lambda x: stax.gelu(x) + stax.silu(x) + stax.gelu(x, approximate="tanh"), [(1000,)]),
+    ("broadcast", lambda x, y: x * y - y, [(7, 1, 5), (3, 1)]),
+    ("views", lambda x: x[1:, ::2].permute(1, 0).reshape(-1) + 1, [(7, 10)]),
+    ("cat_where", lambda x, y: stax.where(stax.cat([x, y], 1) > 0, 1.0, -2.0), [(5, 3), (5, 4)]),
+    ("reductions", lambda x: (x.sum(0), x.mean(1, keepdim=True), x.var(1), x.amax(0), x.amin(), x.prod(1)), [(37, 53)]),
+    ("arg", lambda x: (x.argmax(1), x.argmin(0), x.max(1).values), [(13, 3000)]),
+    ("fallback", lambda x: stax.cumsum(x * 2, 0) + 1, [(10, 10)]),
+])
+def test_ops_on_cuda(name, fn, shapes):
+    check(fn, *[stax.randn(*s) for s in shapes])
+
+
+def test_int_and_half_dtypes():
+    check(lambda x: (x * 3 + 1) // 2 - x % 3, stax.arange(-10, 10))
+    h = stax.randn(100).to(stax.float16)
+    check(lambda x: (x * 2).exp() + 1, h)
+    check(lambda x: (x * 2).to(stax.float16).float() + 1, stax.randn(100))   # a written cast rounds
+
+
+def test_nan_propagates_like_eager():
+    x = stax.tensor([[1.0, float("nan"), 3.0], [float("-inf"), 2.0, 0.5]])
+    check(lambda x: (x.amax(1), x.argmax(1), stax.relu(x), stax.maximum(x, 1.0)), x)
+
+
+def test_non_contiguous_input_and_offset():
+    base = stax.randn(20, 30)
+    check(lambda x: x * 2 + 1, base.t()[3:, 1::2])
+
+
+# ---- every generated kernel builds for sm_90 (no GPU needed) ----
+
+EXAMPLES = {
+    "ex1_1": (lambda x, y: (stax.relu(x + y) * 2).sum(-1), [(64, 128), (64, 128)]),
+    "ex6_1": (lambda x, y: x.t() + y, [(512, 256), (256, 512)]),
+    "ex6_2": (lambda x: (x * x).sum(-1), [(64, 16384)]),
+    "softmax": (lambda x: stax.softmax(x, -1), [(256, 1000)]),
+}
+MORE = {
+    "argmax": (lambda x: (x.argmax(1), x.argmin(0), x.amin()), [(37, 5300)]),
+    "unary": (lambda x: x.exp() + x.abs().log() + x.tanh() + x.erf() + x.abs() ** 2.5 + x // 3 + x.round(), [(300,)]),
+    "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),
+    "cat_half": (lambda x, y: stax.cat([x.half(), y.half()], 0).float() * 2, [(5, 3), (4, 3)]),
+}
+
+SM90_SCRIPT = """
+import importlib.util, json, sys
+from stax.codegen_triton import wrapper_globals
+out = {}
+for path in sys.argv[1:]:
+    spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update(wrapper_globals())
+    spec.loader.exec_module(mod)
+    for name, obj in vars(mod).items():
+        if name.startswith("triton_") and hasattr(obj, "compile_for"):
+            cubin, info, _ = obj.compile_for(90)
+            out[path + ":" + name] = (cubin[:4] == b"\\x7fELF", info.num_warps)
+print(json.dumps(out))
+"""
+
+
+def test_every_kernel_compiles_for_sm90(tmp_path):
+    """Triton builds each generated kernel for sm_90 on a machine without a GPU (a subprocess:
+    kernels built by @triton.jit under TRITON_INTERPRET=1 cannot be compiled)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    paths, expected = [], 0
+    for name, (fn, shapes) in {**EXAMPLES, **MORE}.items():
+        gen = stax.generate(fn, *[stax.randn(*s) for s in shapes], device="cuda")
+        path = tmp_path / f"{name}.py"
+        path.write_text(gen.module.source)
+        paths.append(str(path))
+        expected += len(gen.kernels)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True,
+                       text=True, cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    built = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(built) == expected
+    assert all(elf and warps >= 1 for elf, warps in built.values()), built
+
+
+# ---- golden kernels (tests/golden/README.md) ----
+
+
+def _golden_source(name):
+    fn, shapes = EXAMPLES[name]
+    gen = stax.generate(fn, *[stax.randn(*s) for s in shapes], device="cuda")
+    text = "\n".join(gen.kernels.values())
+    if name == "ex6_2":
+        text += "\n\n" + gen.wrapper
+    return text
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_golden_kernels(name, request):
+    path = GOLDEN / f"{name}.py"
+    text = _golden_source(name)
+    if request.config.getoption("--regen-goldens"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run pytest tests/test_gpu.py --regen-goldens"
+    assert text == path.read_text(), f"generated code for {name} differs from {path}"
+
+
+# the chapter's listings, and the golden each is held to
+LISTINGS = {"listing_9_1.txt": ["ex1_1"], "listing_9_2.txt": ["ex6_1"],
+            "listing_9_4.txt": ["ex6_2"], "listing_9_5.txt": ["softmax"], "listing_9_6.txt": ["ex6_2"]}
+
+# lines of a listing that no generated kernel can follow, each explained in tests/golden/README.md
+EXCEPTIONS = {
+    "listing_9_4.txt": {"tmp0 = tl.load(in_ptr0 + (r0_1 + 2*x0), r0_mask & xmask, eviction_policy='evict_first', other=0.0)",
+                        "tmp3 = tl.where(r0_mask & xmask, tmp1, 0)"},
+    "listing_9_5.txt": {"def triton_per_fused_0(in_ptr0, out_ptr2, xnumel, r0_numel, XBLOCK : tl.constexpr):",
+                        "tmp6 = tmp1 - tmp5",
+                        "tl.store(out_ptr2 + (r0_1 + 1000*x0), tmp13, r0_mask & xmask)"},
+    "listing_9_6.txt": {"def call(self, args):", "with tp.cuda.device(0):", "tp.cuda.set_device(0)",
+                        "primals_1, = args", "del primals_1",
+                        "assert_size_stride(primals_1, (64, 16384), (16384, 1), 'input')",
+                        "triton_red_fused_0.run(primals_1, buf1, 128, 8192, stream=raw_stream0)",
+                        "buf1 = empty_strided_cuda((64, 2), (2, 1), tensorplay.float32)",
+                        "buf2 = empty_strided_cuda((64, ), (1, ), tensorplay.float32)",
+                        "triton_per_fused_1.run(buf1, buf2, 64, 2, stream=raw_stream0)",
+                        "del buf1", "return (buf2, )"},
+}
+
+
+def _normalize(line: str) -> str:
+    return re.sub(r"(?<![A-Za-z0-9])tmp\d+\b", "tmp#", line.strip())
+
+
+def _listing_lines(text: str):
+    """The listing's lines, without decorators, imports, `...` elisions and kernel-text loading."""
+    for line in text.splitlines():
+        s = line.strip()
+        if s and s != "..." and not s.startswith(("@triton_heuristics", "#")) and "async_compile" not in s:
+            yield s
+
+
+@pytest.mark.parametrize("listing", list(LISTINGS))
+def test_listing_lines_appear_in_order(listing):
+    """Each line of the chapter's listing appears in the golden, in order (tmp numbers aside)."""
+    golden = [_normalize(l) for name in LISTINGS[listing] for l in (GOLDEN / f"{name}.py").read_text().splitlines()]
+    pos, missing = 0, []
+    for line in _listing_lines((GOLDEN / listing).read_text()):
+        if line in EXCEPTIONS.get(listing, set()):
+            continue
+        want = _normalize(line)
+        try:
+            pos = golden.index(want, pos) + 1
+        except ValueError:
+            missing.append(line)
+    assert not missing, f"{listing}: lines not found in order in the golden: {missing}"
