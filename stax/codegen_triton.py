@@ -505,21 +505,21 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
         head += _var_lines(raxis) + _var_lines(xaxis)
     else:
         head += ["r0_base = tl.arange(0, R0_BLOCK)[None, :]", "rbase = r0_base"] + _var_lines(xaxis)
-    body = []
+    # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
+    # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
+    top = TritonPrinter(k)
     for phase, nodes in _phases(k):
         if phase == "row":
             for node in nodes:
-                p = TritonPrinter(k)
-                value = k.body(node, xvars, rvars, p)
-                body += p.lines
+                value = k.body(node, xvars, rvars, top)
                 k.locals[node.name] = value
                 if node.name not in k.sched.kernel_local:
-                    body.append(k.store(node, value, xvars, rvars))
+                    top.lines.append(k.store(node, value, xvars, rvars))
         elif form == "per":
-            body += _persistent_phase(k, nodes, xvars, rvars)
+            _persistent_phase(k, nodes, xvars, rvars, top)
         else:
-            body += _looped_phase(k, nodes, xvars, rvars)
-    return form, head + body, hint
+            top.lines += _looped_phase(k, nodes, xvars, rvars)
+    return form, head + top.lines, hint
 
 
 def _identity(n) -> str:
@@ -536,10 +536,8 @@ def _flat_rindex(k) -> str:
     return texpr(sum((d * sympy.prod(k.raxis.sizes[i + 1:]) for i, d in enumerate(k.raxis.dims)), sympy.Integer(0)))
 
 
-def _persistent_phase(k, nodes, xvars, rvars) -> list:
+def _persistent_phase(k, nodes, xvars, rvars, p):
     """The whole row is in registers: each reduction is one tl.sum / max2 over dimension 1."""
-    p = TritonPrinter(k)
-    lines = []
     for n in nodes:
         value = k.body(n, xvars, rvars, p)
         if isinstance(n, Reduction):
@@ -565,7 +563,6 @@ def _persistent_phase(k, nodes, xvars, rvars) -> list:
             k.locals[n.name] = value
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, value, xvars, rvars))
-    return lines + p.lines
 
 
 def _looped_phase(k, nodes, xvars, rvars) -> list:
