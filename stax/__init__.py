@@ -166,8 +166,9 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         call, spec = entry
         from .capture import input_tensors, unflatten
-        outs = call(input_tensors(args, kwargs) + self.constants[key])
-        return unflatten(spec, iter(outs))
+        inputs = input_tensors(args, kwargs)
+        outs = call(inputs + self.constants[key])
+        return unflatten(spec, iter(outs), inputs)
 
     def _compile(self, key, args, kwargs):
         from .capture import GraphBreak, capture

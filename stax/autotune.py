@@ -282,12 +282,52 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
     if kind == "persistent_reduction":
         # the whole row lives in registers: keep XBLOCK × R0_BLOCK around 4K elements
         xblock = max(1, min(_pow2_at_most(max(x, 1), 64), 4096 // r0_block))
-        warps = max(1, min(16, xblock * r0_block // 256))
+        warps = max(1, min(32, xblock * r0_block // 256 if r0_block <= 4096 else r0_block // 1024))
         return {"XBLOCK": xblock, "num_warps": warps, "num_stages": 1}
     r = int(numels.get("r0_numel", 1))
     if reduction_hint == ReductionHint.OUTER:
         return {"XBLOCK": 64, "R0_BLOCK": 8, "num_warps": 4, "num_stages": 1}
     return {"XBLOCK": 1, "R0_BLOCK": _pow2_at_most(max(r, 1), 2048), "num_warps": 8, "num_stages": 1}
+
+
+MAX_CANDIDATES = 8      # compile + measure stays well under 2 s per kernel
+
+
+def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> list:
+    """§9.6: a small candidate set C from the kernel's form, its sizes and reduction direction.
+
+    The heuristic default comes first (it is what runs when there is nothing to measure, e.g. in
+    Triton's interpreter); the others vary the block sizes and warps around it.
+    """
+    x = max(1, int(numels.get("xnumel", 1)))
+    base = default_config(kind, numels, reduction_hint, r0_block)
+    out = [base]
+    if kind == "pointwise" and "ynumel" in numels:
+        for yb, xb, w in ((64, 64, 8), (32, 32, 4), (16, 128, 4), (64, 32, 4), (128, 32, 8)):
+            out.append({"YBLOCK": yb, "XBLOCK": xb, "num_warps": w, "num_stages": 1})
+    elif kind == "pointwise":
+        for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16)):
+            if xb <= max(16, _pow2_at_most(x, 4096)):
+                out.append({"XBLOCK": xb, "num_warps": w, "num_stages": 1})
+    elif kind == "persistent_reduction":
+        # rows in registers: at most 32 elements per thread, the two smallest warp counts per XBLOCK
+        for xb in (1, 2, 4, 8, 16, 32):
+            if xb <= _pow2_at_most(x, 64) and xb * r0_block <= 8192:
+                warps = [w for w in (4, 8, 16, 32) if xb * r0_block // (32 * w) <= 32][:2]
+                out += [{"XBLOCK": xb, "num_warps": w, "num_stages": 1} for w in warps]
+    elif reduction_hint == ReductionHint.OUTER:
+        for xb, rb, w in ((64, 4, 8), (32, 16, 4), (8, 128, 4), (128, 8, 8)):
+            out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
+    else:
+        r = max(1, int(numels.get("r0_numel", 1)))
+        for xb, rb, w in ((1, 1024, 4), (1, 4096, 8), (1, 4096, 16), (2, 2048, 8), (1, 8192, 16)):
+            if rb <= max(16, _pow2_at_most(r, 8192)):
+                out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique[:MAX_CANDIDATES]
 
 
 def _interp_arg(a):
@@ -350,6 +390,14 @@ class _InterpTensor:
         return (1,)
 
 
+_RECORDS: dict = {}      # Algorithm 9.1's records, in memory (also on disk under the cache dir)
+
+
+def _show_autotune() -> bool:
+    import os
+    return "autotune" in os.environ.get("STAX_LOGS", "").split(",") or "all" in os.environ.get("STAX_LOGS", "")
+
+
 class TritonKernel:
     """A generated kernel plus how to launch it (what `@triton_heuristics.<kind>(...)` returns)."""
 
@@ -368,26 +416,114 @@ class TritonKernel:
         gy = -(-int(numels["ynumel"]) // cfg["YBLOCK"]) if "ynumel" in numels else 1
         return (gx, gy, 1)
 
-    def choose_config(self, numels: dict) -> Config:
+    def choose_config(self, numels: dict, args=()) -> Config:
         if self.config is None:
-            self.config = default_config(self.kind, numels, self.reduction_hint, self.r0_block)
+            from . import cuda
+            if cuda.interpreting():
+                self.config = default_config(self.kind, numels, self.reduction_hint, self.r0_block)
+            else:
+                self.config = self._autotune(numels, args)
         return self.config
 
     def run(self, *args, stream=None):
         numels = dict(zip(self.numel_names, args[len(args) - len(self.numel_names):]))
-        cfg = self.choose_config(numels)
+        cfg = self.config or self.choose_config(numels, args)
         grid = self.grid(numels, cfg)
         if grid[0] * grid[1] == 0:
             return
-        constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         from . import cuda
         if cuda.interpreting():
+            constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             return
         launcher = self.launchers.get(id(cfg))
         if launcher is None:
             launcher = self.launchers[id(cfg)] = self._compile(cfg)
         launcher(grid, [a if isinstance(a, int) else a.data_ptr() for a in args])
+
+    # -- Algorithm 9.1 --
+    def _autotune(self, numels: dict, args) -> Config:
+        """Algorithm 9.1: the recorded choice, else the only candidate, else measure them all."""
+        import json
+        import sys
+        import triton
+        from . import cache, cuda
+        cands = candidates(self.kind, numels, self.reduction_hint, self.r0_block)
+        if len(cands) == 1:
+            return cands[0]
+        props = cuda.get_device_properties()
+        key = cache.content_hash(self.fn.src, repr(cands), props.name, repr(props.cc), triton.__version__)
+        path = cache.cache_dir() / "autotune" / f"{self.fn.__name__}_{key}.json"
+        if key in _RECORDS:
+            return _RECORDS[key]
+        if path.exists():
+            _RECORDS[key] = json.loads(path.read_text())["config"]
+            return _RECORDS[key]
+        saved = self._protect(args)
+        times = []
+        for i, cfg in enumerate(cands):
+            if _show_autotune():
+                print(f"\rstax autotune {self.fn.__name__}: candidate {i + 1}/{len(cands)}", end="",
+                      file=sys.stderr, flush=True)
+            times.append(self._measure(cfg, numels, args))
+        self._restore(saved)
+        best = min(range(len(cands)), key=lambda i: times[i])
+        if times[best] == math.inf:
+            raise AutotuneError(f"{self.fn.__name__}: every launch configuration failed to compile or spilled")
+        _RECORDS[key] = cands[best]
+        cache.atomic_write(path, json.dumps({"config": cands[best], "candidates": cands, "ms": times}))
+        if _show_autotune():
+            print("", file=sys.stderr)
+            for cfg, t in zip(cands, times):
+                mark = "  <- chosen" if cfg is cands[best] else ""
+                print(f"  {cfg}: {t:.4f} ms{mark}", file=sys.stderr)
+        return cands[best]
+
+    def _measure(self, cfg: Config, numels: dict, args) -> float:
+        """Median time of one launch in ms (CUDA events, after a warm-up); inf if it cannot run."""
+        from . import cuda
+        try:
+            launcher = self.launchers.get(id(cfg)) or self._compile(cfg)
+        except Exception:                      # a candidate that does not compile costs inf
+            return math.inf
+        self.launchers[id(cfg)] = launcher
+        if launcher.kernel.local_size_bytes > 0:
+            return math.inf                    # spills registers to local memory
+        grid = self.grid(numels, cfg)
+        ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
+        launcher(grid, ptrs)
+        e0, e1 = cuda.Event(), cuda.Event()
+        e0.record()
+        launcher(grid, ptrs)
+        e1.record()
+        e1.synchronize()
+        reps = max(1, min(100, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
+        samples = []
+        for _ in range(5):
+            e0.record()
+            for _ in range(reps):
+                launcher(grid, ptrs)
+            e1.record()
+            e1.synchronize()
+            samples.append(e0.elapsed_time(e1) / reps)
+        return sorted(samples)[len(samples) // 2]
+
+    def _protect(self, args) -> list:
+        """Copies of the buffers this kernel updates in place, so tuning never changes a result."""
+        from . import cuda
+        saved = []
+        for name, a in zip(self.signature, args):
+            if name.startswith("in_out_ptr"):
+                nbytes = a._storage.data.count * a._storage.data.dtype.itemsize
+                copy = cuda.allocate(max(1, nbytes))
+                cuda.copy_device_to_device(copy, a._storage.data.buffer, nbytes)
+                saved.append((a, copy, nbytes))
+        return saved
+
+    def _restore(self, saved):
+        from . import cuda
+        for a, copy, nbytes in saved:
+            cuda.copy_device_to_device(a._storage.data.buffer, copy, nbytes)
 
     def compile_for(self, cc: int = 90, cfg: Config | None = None):
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""

@@ -244,34 +244,68 @@ def _scatter_into(base, value, view_ops):
 
 
 _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, never enters the graph
+_ALIAS = object()    # spec kind of an output that is an input or a view of one: rebuilt from the input
+_SAME = object()     # spec kind of a tensor already returned at an earlier leaf
 
 
-def _flatten(obj, leaves):
+def _input_alias(t, graph):
+    """(input position, view ops) when output `t` is a tensor input or a view of one, else None.
+
+    Eager returns the input object itself (or a view sharing its storage), so the compiled function
+    must too: writing to the result then updates the input, as in eager. Such an output is rebuilt
+    from the caller's tensor after the write-backs, never computed into a copy.
+    """
+    root = t if t._base is None else t._base
+    origin = getattr(root, "_origin", None)
+    if origin is None or origin.op != "placeholder":
+        return None
+    placeholders = [n for n in graph.inputs if n.op == "placeholder"]
+    return placeholders.index(origin), list(t._view_ops)
+
+
+def _flatten(obj, leaves, alias=lambda t: None):
     """Flatten nested tuples/lists/dicts of outputs into tensor leaves; returns a rebuild spec.
 
     Non-tensor leaves (None, numbers, strings) are kept in the spec itself, so that generated code
-    only ever returns buffers (a string output can't be mistaken for a buffer name).
+    only ever returns buffers (a string output can't be mistaken for a buffer name); so are
+    outputs that alias an input (`alias(t)` is not None).
     """
     if isinstance(obj, (tuple, list)):
-        return (type(obj), [_flatten(x, leaves) for x in obj])
+        return (type(obj), [_flatten(x, leaves, alias) for x in obj])
     if isinstance(obj, dict):
-        return (dict, [(k, _flatten(v, leaves)) for k, v in obj.items()])
+        return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
     if not isinstance(obj, T.Tensor):
         return (_CONST, obj)
+    where = alias(obj)
+    if where is not None:
+        return (_ALIAS, where)
+    for k, seen in enumerate(leaves):
+        if seen is obj:            # the same tensor returned twice is one output, as in eager
+            return (_SAME, k)
     leaves.append(obj)
     return None
 
 
-def unflatten(spec, leaves_iter):
-    if spec is None:
-        return next(leaves_iter)
-    kind, items = spec
-    if kind is _CONST:
-        return items
-    if kind is dict:
-        return {k: unflatten(s, leaves_iter) for k, s in items}
-    vals = [unflatten(s, leaves_iter) for s in items]
-    return kind(vals) if kind in (tuple, list) else kind(*vals)
+def unflatten(spec, leaves, inputs=()):
+    """Rebuild the function's result from the computed tensors (and the call's input tensors)."""
+    leaves, order = list(leaves), iter(range(1 << 62))
+
+    def build(spec):
+        if spec is None:
+            return leaves[next(order)]
+        kind, items = spec
+        if kind is _CONST:
+            return items
+        if kind is _SAME:
+            return leaves[items]
+        if kind is _ALIAS:
+            k, view_ops = items
+            return _replay_views(inputs[k], view_ops)
+        if kind is dict:
+            return {k: build(s) for k, s in items}
+        vals = [build(s) for s in items]
+        return kind(vals) if kind in (tuple, list) else kind(*vals)
+    return build(spec)
 
 
 def _map_tensors(obj, f):
@@ -314,8 +348,8 @@ def capture(fn, args: list, kwargs: dict | None = None):
     finally:
         T.TRACER = prev
     leaves = []
-    spec = _flatten(result, leaves)
     g = tracer.graph
+    spec = _flatten(result, leaves, lambda t: _input_alias(t, g) if t._node is not None else None)
     g.outputs = [tracer._node_of(x) for x in leaves]
     # drop nodes nothing depends on (ops whose results the function never used)
     live, keep = set(), []

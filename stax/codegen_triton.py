@@ -167,6 +167,9 @@ def _choose_tiling(exprs, names) -> int:
     return 2 if score_2d > score_1d else 1
 
 
+MULTI_PASS_PERSISTENT_LIMIT = 32768
+
+
 def _reduction_form(k) -> tuple:
     """§9.4: ('per', R0_BLOCK) for a short row, else ('red', None); plus the ReductionHint."""
     rnumel = k.raxis.numel
@@ -175,6 +178,12 @@ def _reduction_form(k) -> tuple:
     if not rnumel.is_Integer:
         return "red", None, hint
     limit = 1024 if inner else 64
+    if inner and len([p for p in _phases(k) if p[0] == "loop"]) > 1:
+        # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) would be
+        # read once per pass by a looped kernel; kept in registers it is read once. Measured on
+        # the H200: 4096×32768 softmax 0.46 of the floor looped (three passes) against
+        # 0.78 persistent with 32 warps (ANCHORS.md).
+        limit = MULTI_PASS_PERSISTENT_LIMIT
     if int(rnumel) <= limit:
         return "per", next_pow2(int(rnumel)), hint
     return "red", None, hint

@@ -273,6 +273,7 @@ def reduction_identity(reduction_type: str, dtype):
     bits = 8 * dtype.itemsize - 1
     return 2**bits - 1 if ident > 0 else -2**bits
 
+
 # ops the lowering leaves to the eager implementation (§6.1); nonzero/unique have data-dependent sizes
 FALLBACK_OPS = {"matmul", "cumsum", "nonzero", "unique", "rand", "randn"}
 
@@ -728,11 +729,17 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
         seen[v.buffer] = True
         outputs.append(v.buffer)
 
-    # write-backs of mutated inputs: a pointwise buffer stored straight into the input's memory
+    # write-backs of mutated inputs: a pointwise buffer stored straight into the input's memory.
+    # A new value that reads a mutated input anywhere but at the very element being written
+    # (`x.copy_(x.t())`, `x[1:] = x[:-1]`, or another input's write-back) is first computed into
+    # a buffer of its own, before any write-back runs: it must see the inputs' old values.
+    mutated = {inp.name for inp, _ in graph.mutations}
+    targets = [next(b for b in inputs if b.name == inp.name) for inp, _ in graph.mutations]
+    values = [env[new] for _, new in graph.mutations]
+    values = [realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
+              for v, t in zip(values, targets)]
     mutations = []
-    for inp_node, new_node in graph.mutations:
-        target = next(b for b in inputs if b.name == inp_node.name)
-        v = env[new_node]
+    for target, v, (_, new_node) in zip(targets, values, graph.mutations):
         name = new_name()
         emit(Pointwise(name, target.dtype, list(target.layout.shape),
                        _convert_loader(v, target.dtype), target.layout, list(v.origins) or [new_node.name]))
@@ -742,6 +749,35 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     if split_policy is not None:
         _apply_split_policy(lowered, split_policy, new_name)
     return lowered
+
+
+class _LoadCollector:
+    """An ops handler that only records `ops.load(name, index)` calls."""
+
+    def __init__(self):
+        self.loads = []
+
+    def load(self, name, index):
+        self.loads.append((name, index))
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def _reads_mutated_elsewhere(v: Value, target: InputBuffer, mutated: set) -> bool:
+    """Does computing element i of `target`'s new value read a mutated input at any other element
+    than i of `target` itself? Then an in-place write-back could overwrite what it still reads."""
+    idx = index_vars("i", len(target.layout.shape))
+    ranges = dict(zip(idx, target.layout.shape))
+    here = target.layout.index(idx)
+    c = _LoadCollector()
+    with set_handler(c):
+        v.loader(idx)
+    return any(name in mutated and (name != target.name or simplify_index(index - here, ranges) != 0)
+               for name, index in c.loads)
 
 
 def _convert_loader(v: Value, dtype):

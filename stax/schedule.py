@@ -227,6 +227,8 @@ def schedule(lowered) -> Schedule:
     last_use = {}
     for name, gs in readers.items():
         last_use[name] = max(gs)
+    for inp, w in lowered.mutations:     # an input is used until its write-back kernel has run
+        last_use[inp] = max(last_use.get(inp, -1), group_of[w])
     outputs = {o for o in lowered.outputs if isinstance(o, str)}
     written_back = {w for _, w in lowered.mutations}
     kernel_local = set()

@@ -144,8 +144,8 @@ def _to_storage_form(a, dtype):
 
 
 def _to_compute_form(a, dtype):
-    if dtype is bfloat16:
-        return (a.astype(np.uint32) << 16).view(np.float32)
+    if dtype is bfloat16:   # np.asarray: a 0-d shift gives a numpy scalar, not a 0-d array
+        return np.asarray(a.astype(np.uint32) << 16).view(np.float32)
     return a.astype(np.float32) if dtype is float16 else a
 
 

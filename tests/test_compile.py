@@ -651,15 +651,40 @@ def test_output_structures(rng):
     assert isinstance(lst, list) and len(lst) == 2
     none, _ = run(lambda x: None, x)
     assert none is None
+    twice, cf = run(lambda x: (lambda a: (a, [a], a + 0))(x * 2), x)     # one tensor returned twice
+    assert twice[0] is twice[1][0] and twice[2] is not twice[0]
+    check(twice[0], X * 2), check(twice[2], X * 2)
 
 
 def test_outputs_that_are_inputs_or_views_of_inputs(rng):
+    """As in eager, an output that is an input is that very tensor, and a view of an input shares
+    the input's storage (writing to it writes the input); computed outputs never alias."""
     x = rand(rng, 4, 6)
     X = f64(x).copy()
-    got, _ = run(lambda x: (x, x.t(), x[1], x[:, ::2], x.reshape(24), x.expand(2, 4, 6), x, x + 0), x)
+    fn = lambda x: (x, x.t(), x[1], x[:, ::2], x.reshape(24), x.expand(2, 4, 6), x, x + 0)  # noqa: E731
+    got, cf = run(fn, x)
     for g, w in zip(got, (X, X.T, X[1], X[:, ::2], X.reshape(24), np.broadcast_to(X, (2, 4, 6)), X, X)):
         check(g, w)
     assert np.array_equal(f64(x), X)                       # the input is untouched
+    eager = fn(x)
+    assert got[0] is x and got[6] is x
+    for g, e in zip(got[1:6], eager[1:6]):
+        assert g._storage is x._storage and g.shape == e.shape and g.stride() == e.stride()
+        assert g.storage_offset() == e.storage_offset()
+    assert got[7]._storage is not x._storage
+    got[2].mul_(0)                                         # a write through the returned view
+    assert f64(x)[1].tolist() == [0.0] * 6
+    # a mutated input returned (or viewed) is the caller's tensor, updated
+    y = rand(rng, 3, 5)
+    Y = f64(y)
+
+    def g(y):
+        v = y[:, 1]
+        y.add_(1)
+        return y, v
+    out, v = stax.compile(g)(y)
+    assert out is y and v._storage is y._storage
+    check(y, Y + 1), check(v, Y[:, 1] + 1)
 
 
 # ---- specialization, guards, recompiles ----

@@ -65,14 +65,15 @@ def test_example_6_2_splits_into_two_kernels():
     assert list(gen.kernels) == ["triton_red_fused_0", "triton_per_fused_1"]
 
 
-@pytest.mark.parametrize("shape", [(256, 1000), (7, 1), (3, 5000), (1, 1024)])
+@pytest.mark.parametrize("shape", [(256, 1000), (7, 1), (3, 5000), (1, 1024), (2, 40000)])
 def test_softmax_is_one_kernel(shape):
     x = stax.randn(*shape)
     out, _, gen = run_cuda(lambda x: stax.softmax(x, -1), x)
     e = np.exp(f64(x) - f64(x).max(-1, keepdims=True))
     assert_close(out.cpu(), e / e.sum(-1, keepdims=True), stax.float32)
     assert len(gen.kernels) == 1
-    kind = "poi" if shape[1] == 1 else "per" if shape[1] <= 1024 else "red"   # a 1-long row needs no reduction
+    # a 1-long row needs no reduction; softmax is multi-pass, so rows up to 32768 stay in registers
+    kind = "poi" if shape[1] == 1 else "per" if shape[1] <= 32768 else "red"
     assert next(iter(gen.kernels)).startswith(f"triton_{kind}_")
 
 
