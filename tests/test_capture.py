@@ -122,6 +122,56 @@ def test_inplace_on_noncontiguous_inputs_writes_through_their_strides(rng, view,
     same(base_c, base_e, "the storage around the view (untouched parts included)")
 
 
+def copy_transpose(x):
+    x.copy_(x.t())
+
+
+def shift_rows(x):
+    x[1:] = x[:-1]
+    return x.sum()
+
+
+def shift_columns(x):
+    x[:, 1:] = x[:, :-1] * 2
+
+
+def add_own_transpose(x):
+    x.add_(x.t())
+    return x[0]
+
+
+def write_through_transpose(x):
+    x.t().copy_(x * 2)
+
+
+def write_row_from_column(x):
+    x[0] = x[:, 0] + 1
+    return x
+
+
+@pytest.mark.parametrize("fn", [copy_transpose, shift_rows, shift_columns, add_own_transpose,
+                                write_through_transpose, write_row_from_column], ids=lambda f: f.__name__)
+def test_inplace_reading_other_elements_of_the_target_sees_old_values(rng, fn):
+    """The new value is computed from the input's old values (as eager's copy does), even where
+    the write-back would overwrite elements the computation still has to read."""
+    (base_e, x_e), (base_c, x_c) = twins(rng, 6, 6)
+    want = fn(x_e)
+    got = stax.compile(fn)(x_c)
+    same(got, want)
+    same(base_c, base_e, "input after the call")
+
+
+def test_two_write_backs_reading_each_others_old_values(rng):
+    def f(x, y):
+        x.add_(y.t())
+        y.add_(x.t())          # the updated x, as eager computes it
+        return x.sum(), y[0]
+    (bx_e, x_e), (bx_c, x_c) = twins(rng, 5, 5)
+    (by_e, y_e), (by_c, y_c) = twins(rng, 5, 5)
+    same(stax.compile(f)(x_c, y_c), f(x_e, y_e))
+    same(bx_c, bx_e), same(by_c, by_e)
+
+
 def test_copy_and_fill_inside_compiled_function(rng):
     def f(x, y):
         x.copy_(y)                     # broadcast copy
