@@ -29,7 +29,7 @@ import sympy
 
 from . import cache
 from .codegen_cpp import _all_indices, _phases, merge_dims, _pyarg, _pyparams, _pyshape
-from .lower import (FloorDiv, ModularIndexing, REDUCTION_IDENTITY, Reduction, compute_dtype,
+from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, reduction_identity,
                     index_vars, set_handler, simplify_index)
 from .schedule import _node_loops, node_index, store_index
 
@@ -533,8 +533,8 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
 
 def _identity(n) -> str:
     """A reduction's identity as the listings print it: 0 and 1 plain, ±inf as float("±inf")."""
-    v = REDUCTION_IDENTITY[n.reduction_type]
-    return str(int(v)) if v in (0, 1) else literal(v, n.src_dtype)
+    v = reduction_identity(n.reduction_type, n.src_dtype)
+    return str(int(v)) if v in (0, 1) and not isinstance(v, bool) else literal(v, n.src_dtype)
 
 
 def _reduce_mask(k) -> str:
@@ -554,7 +554,7 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
             b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
             acc = tl_dtype(n.src_dtype)
             if n.reduction_type in ("argmax", "argmin"):
-                ident = literal(REDUCTION_IDENTITY[n.reduction_type], n.src_dtype)
+                ident = _identity(n)
                 m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
                 idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
                 fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"

@@ -150,6 +150,7 @@ def remainder_float(a, b):
 
 @triton.jit
 def sign(x):
+    # NaN gives 0, as eager (and PyTorch) does
     return tl.where(x > 0, 1, tl.where(x < 0, -1, 0)).to(x.dtype)
 
 

@@ -803,10 +803,8 @@ def test_errors_match_eager(rng, case):
 
 
 def test_device_mismatch_error_matches_eager(rng):
-    class FakeCuda:                     # only the metadata eager checks: a tensor on another device
-        pass
     x = rand(rng, 3)
-    y = rand(rng, 3)
+    y = rand(rng, 3)                    # only the metadata eager checks: a tensor on another device
     y._meta = type(y._meta)(y._meta.shape, y._meta.stride, y._meta.dtype, "cuda:0", y._meta.offset)
     etype, emsg = _eager_error(lambda x, y: x + y, x, y)
     assert "same device" in emsg

@@ -48,7 +48,10 @@ def _have_triton() -> bool:
         return False
 
 
-needs_triton = pytest.mark.skipif(not _have_triton(), reason="triton is not installed")
+needs_triton = pytest.mark.skipif(not _have_triton() or os.environ.get("TRITON_INTERPRET") == "1",
+                                  reason="triton is not installed, or kernels are interpreted "
+                                         "(TRITON_INTERPRET=1: @triton.jit functions cannot be "
+                                         "compiled; tests/test_gpu.py builds them in a subprocess)")
 
 
 def _apply(marks):
