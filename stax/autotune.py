@@ -398,18 +398,58 @@ def _show_autotune() -> bool:
     return "autotune" in os.environ.get("STAX_LOGS", "").split(",") or "all" in os.environ.get("STAX_LOGS", "")
 
 
-class TritonKernel:
-    """A generated kernel plus how to launch it (what `@triton_heuristics.<kind>(...)` returns)."""
+def _triton_version() -> str:
+    """Triton's version without importing triton (a warm cache never imports it)."""
+    from importlib.metadata import version
+    return version("triton")
 
-    def __init__(self, fn, kind, size_hints, signature, reduction_hint=None, tile_hint=None):
-        self.fn, self.kind, self.size_hints = fn, kind, size_hints
+
+def _exec_kernel_source(name: str, source: str):
+    """The @triton.jit function of one kernel: its text is written to a file and imported
+    (Triton reads a kernel's source from its file). Only needed to compile or interpret."""
+    import importlib.util
+    from . import cache
+    from .codegen_triton import HEADER
+    path = cache.cache_dir() / "kernels" / f"{name}_{cache.content_hash(source)}.py"
+    if not path.exists():
+        cache.atomic_write(path, HEADER + "\n\n" + source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    obj = getattr(mod, name)
+    return obj.fn if isinstance(obj, TritonKernel) else obj
+
+
+class TritonKernel:
+    """A generated kernel plus how to launch it: what `@triton_heuristics.<kind>(...)` and
+    `async_compile.triton(name, source)` return.
+
+    `run(*args)` picks the launch configuration (Algorithm 9.1 on first use), compiles it once (the
+    cubin is cached on disk by content), and launches through stax.cuda's Launcher, whose argument
+    array is built once. With the cubin and the choice already on disk, triton is never imported.
+    """
+
+    def __init__(self, name, kind, size_hints, signature, reduction_hint=None, tile_hint=None,
+                 fn=None, source=None):
+        self.name, self.kind, self.size_hints = name, kind, size_hints
         self.signature, self.reduction_hint = signature, reduction_hint
+        self._fn, self._source = fn, source
         self.numel_names = [n for n in signature if n.endswith("numel")]
-        self.r0_block = None
-        if kind == "persistent_reduction":
-            self.r0_block = size_hints.get("r0_")
+        self.pointer_index = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
+        self.r0_block = size_hints.get("r0_") if kind == "persistent_reduction" else None
         self.launchers: dict = {}
         self.config = None
+        self._fast = None            # (numels, grid, launcher) of the last launch
+
+    @property
+    def fn(self):
+        if self._fn is None:
+            self._fn = _exec_kernel_source(self.name, self._source)
+        return self._fn
+
+    @property
+    def source(self) -> str:
+        return self._source if self._source is not None else self.fn.src
 
     def grid(self, numels: dict, cfg: Config) -> tuple:
         gx = -(-int(numels.get("xnumel", 1)) // cfg["XBLOCK"])
@@ -426,8 +466,19 @@ class TritonKernel:
         return self.config
 
     def run(self, *args, stream=None):
-        numels = dict(zip(self.numel_names, args[len(args) - len(self.numel_names):]))
-        cfg = self.config or self.choose_config(numels, args)
+        """Launch on the current stream; the fast path is one list of pointers and one driver call."""
+        ptrs = [a if a.__class__ is int else a.data_ptr() for a in args]
+        fast = self._fast
+        n = len(self.numel_names)
+        if fast is not None and fast[0] == args[-n:] and not any(ptrs[i] & 15 for i in self.pointer_index):
+            fast[2](fast[1], ptrs)
+            return
+        self._slow_run(args, ptrs)
+
+    def _slow_run(self, args, ptrs):
+        n = len(self.numel_names)
+        numels = dict(zip(self.numel_names, args[len(args) - n:]))
+        cfg = self.choose_config(numels, args)
         grid = self.grid(numels, cfg)
         if grid[0] * grid[1] == 0:
             return
@@ -436,24 +487,30 @@ class TritonKernel:
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             return
-        launcher = self.launchers.get(id(cfg))
-        if launcher is None:
-            launcher = self.launchers[id(cfg)] = self._compile(cfg)
-        launcher(grid, [a if isinstance(a, int) else a.data_ptr() for a in args])
+        aligned = not any(ptrs[i] & 15 for i in self.pointer_index)
+        launcher = self._launcher(cfg, aligned)
+        if aligned:
+            self._fast = (args[len(args) - n:], grid, launcher)
+        launcher(grid, ptrs)
+
+    def _launcher(self, cfg: Config, aligned: bool = True):
+        key = (id(cfg), aligned)
+        if key not in self.launchers:
+            self.launchers[key] = self._compile(cfg, aligned)
+        return self.launchers[key]
 
     # -- Algorithm 9.1 --
     def _autotune(self, numels: dict, args) -> Config:
         """Algorithm 9.1: the recorded choice, else the only candidate, else measure them all."""
         import json
         import sys
-        import triton
         from . import cache, cuda
         cands = candidates(self.kind, numels, self.reduction_hint, self.r0_block)
         if len(cands) == 1:
             return cands[0]
         props = cuda.get_device_properties()
-        key = cache.content_hash(self.fn.src, repr(cands), props.name, repr(props.cc), triton.__version__)
-        path = cache.cache_dir() / "autotune" / f"{self.fn.__name__}_{key}.json"
+        key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version())
+        path = cache.cache_dir() / "autotune" / f"{self.name}_{key}.json"
         if key in _RECORDS:
             return _RECORDS[key]
         if path.exists():
@@ -463,13 +520,13 @@ class TritonKernel:
         times = []
         for i, cfg in enumerate(cands):
             if _show_autotune():
-                print(f"\rstax autotune {self.fn.__name__}: candidate {i + 1}/{len(cands)}", end="",
+                print(f"\rstax autotune {self.name}: candidate {i + 1}/{len(cands)}", end="",
                       file=sys.stderr, flush=True)
             times.append(self._measure(cfg, numels, args))
         self._restore(saved)
         best = min(range(len(cands)), key=lambda i: times[i])
         if times[best] == math.inf:
-            raise AutotuneError(f"{self.fn.__name__}: every launch configuration failed to compile or spilled")
+            raise AutotuneError(f"{self.name}: every launch configuration failed to compile or spilled")
         _RECORDS[key] = cands[best]
         cache.atomic_write(path, json.dumps({"config": cands[best], "candidates": cands, "ms": times}))
         if _show_autotune():
@@ -482,15 +539,14 @@ class TritonKernel:
     def _measure(self, cfg: Config, numels: dict, args) -> float:
         """Median time of one launch in ms (CUDA events, after a warm-up); inf if it cannot run."""
         from . import cuda
+        ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
         try:
-            launcher = self.launchers.get(id(cfg)) or self._compile(cfg)
+            launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index))
         except Exception:                      # a candidate that does not compile costs inf
             return math.inf
-        self.launchers[id(cfg)] = launcher
         if launcher.kernel.local_size_bytes > 0:
             return math.inf                    # spills registers to local memory
         grid = self.grid(numels, cfg)
-        ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
         launcher(grid, ptrs)
         e0, e1 = cuda.Event(), cuda.Event()
         e0.record()
@@ -529,36 +585,54 @@ class TritonKernel:
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
         from . import cuda
         numels = {f"{p}numel": n for p, n in self.size_hints.items()}
-        numels = {("r0_numel" if k == "r0_numel" else k): v for k, v in numels.items()}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
-        return cuda.compile_triton(self.fn, dict(self.signature), constexprs,
-                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], cc=cc)
+        return cuda.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
+                                   num_stages=cfg["num_stages"], cc=cc, attrs=self._attrs(True))
 
-    def _compile(self, cfg: Config):
+    def _attrs(self, aligned: bool) -> dict:
+        """Pointer arguments known to be 16-byte aligned let Triton vectorize loads and stores."""
+        return {(i,): [["tt.divisibility", 16]] for i in self.pointer_index} if aligned else {}
+
+    def _compile(self, cfg: Config, aligned: bool):
         """Compile for this GPU once per configuration; cubins are cached on disk by content."""
         import pickle
         from . import cache, cuda
-        import triton
         props = cuda.get_device_properties()
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
-        key = cache.content_hash(self.fn.src, repr(sorted(cfg.items())), repr(self.signature),
-                                 triton.__version__, str(cc))
-        path = cache.cache_dir() / "cubin" / f"{self.fn.__name__}_{key}.pkl"
+        key = cache.content_hash(self.source, repr(sorted(cfg.items())), repr(self.signature),
+                                 _triton_version(), str(cc), str(aligned))
+        path = cache.cache_dir() / "cubin" / f"{self.name}_{key}.pkl"
         if path.exists():
             cubin, info = pickle.loads(path.read_bytes())
         else:
             cubin, info, _ = cuda.compile_triton(self.fn, dict(self.signature), constexprs,
-                                                 num_warps=cfg["num_warps"],
-                                                 num_stages=cfg["num_stages"], cc=cc)
+                                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                                                 cc=cc, attrs=self._attrs(aligned))
             cache.atomic_write(path, pickle.dumps((cubin, info)))
         return cuda.launcher_for_triton(cubin, info, list(self.signature.values()))
 
 
+def kernel_from_source(name: str, source: str) -> TritonKernel:
+    """A TritonKernel from generated text, without importing triton: the decorator's arguments
+    (kind, size_hints, reduction_hint, signature) are read from the text itself."""
+    import ast
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    deco = next(d for d in fn.decorator_list if isinstance(d, ast.Call)
+                and isinstance(d.func, ast.Attribute) and getattr(d.func.value, "id", "") == "triton_heuristics")
+    kw = {}
+    for k in deco.keywords:
+        kw[k.arg] = k.value.attr if isinstance(k.value, ast.Attribute) else ast.literal_eval(k.value)
+    return TritonKernel(name, deco.func.attr, kw.get("size_hints", {}), kw.get("signature", {}),
+                        kw.get("reduction_hint"), kw.get("tile_hint"), source=source)
+
+
 def _decorator(kind):
     def make(size_hints, reduction_hint=None, tile_hint=None, signature=None, **_):
-        return lambda fn: TritonKernel(fn, kind, size_hints, signature or {}, reduction_hint, tile_hint)
+        return lambda fn: TritonKernel(fn.__name__, kind, size_hints, signature or {}, reduction_hint,
+                                       tile_hint, fn=fn)
     return make
 
 

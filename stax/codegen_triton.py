@@ -678,7 +678,14 @@ class TritonModule:
 
     @property
     def source(self) -> str:
-        return HEADER + "\n\n" + "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
+        """The module: each kernel's text handed to async_compile (Listing 9.6), then `call`.
+
+        Kernels are compiled on first launch and their cubins cached on disk, so a process that
+        finds everything in the cache never imports triton.
+        """
+        loads = [f"{name} = async_compile.triton('{name}', \'\'\'\n{text}\'\'\', device_str='cuda')"
+                 for name, text in self.kernels.items()]
+        return "\n\n".join(loads + [self.wrapper])
 
     def __str__(self):
         return self.source
@@ -756,13 +763,18 @@ def generate(sched) -> TritonModule:
 
 def wrapper_globals() -> dict:
     import stax
+    from . import cuda
     from .codegen_cpp import assert_size_stride as _assert
 
     def assert_size_stride(t, shape, stride, what="input"):
         _assert(t, shape, stride)
 
     def empty_strided_cuda(shape, stride, dtype):
-        return T.empty(*shape, dtype=dtype, device="cuda")
+        numel = 1
+        for s in shape:
+            numel *= s
+        storage = T.Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
+        return T.Tensor._make(storage, T.Meta(shape, stride, dtype, "cuda", 0))
 
     def get_raw_stream(index):
         return None            # one stream per process (stax.cuda's default stream)
@@ -771,6 +783,15 @@ def wrapper_globals() -> dict:
         """§6.1 fallback on the GPU: through the host, result back on the device."""
         return T._run_eager(op, inputs, params, [T.Meta((), (), dtype, "cuda")])[0]
 
-    return {"stax": stax, "assert_size_stride": assert_size_stride,
+    return {"stax": stax, "assert_size_stride": assert_size_stride, "async_compile": async_compile,
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
             "extern_kernel": extern_kernel}
+
+
+class async_compile:  # noqa: N801  (Listing 9.6's name)
+    """`async_compile.triton(name, source)`: a kernel handle whose code is compiled at first launch."""
+
+    @staticmethod
+    def triton(name, source, device_str="cuda"):
+        from .autotune import kernel_from_source
+        return kernel_from_source(name, source)

@@ -961,10 +961,11 @@ def _ptx_entry_param_count(ptx: str, name: str) -> int | None:
 
 
 def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warps: int = 4,
-                   num_stages: int = 3, cc: int = 90):
+                   num_stages: int = 3, cc: int = 90, attrs: dict | None = None):
     """Compile a @triton.jit function for sm_{cc} without a GPU.
 
-    signature: {arg name: "*fp32" | "i32" | ... | "constexpr"}; constexprs: {arg name: value}.
+    signature: {arg name: "*fp32" | "i32" | ... | "constexpr"}; constexprs: {arg name: value};
+    attrs: {(argument index,): [["tt.divisibility", 16]]} for arguments known to be aligned.
     Returns (cubin bytes, TritonKernelInfo, kernel name).
     """
     import triton
@@ -975,9 +976,9 @@ def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warp
     for k in constexprs:
         sig.setdefault(k, "constexpr")
     try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     except TypeError:  # older spelling
-        src = ASTSource(fn=fn, signature=sig, constants=constexprs)
+        src = ASTSource(fn=fn, signature=sig, constants=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     md = compiled.metadata
