@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import builtins
 import functools
+import json
 import os
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 
+from . import capture as _capture
 from . import tensor as _T
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API)
 from .tensor import Tensor, _ALIASES
@@ -106,10 +108,21 @@ class Generated:
             "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
 
 
-def _compile_graph(graph, device: str, name: str) -> Generated:
-    from . import lower, schedule
+def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Generated:
+    """Lower, schedule and print one captured graph, or find its module in the artifact cache."""
+    from . import runtime
     _log("graph", name, graph.format())
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
+    if path is not None and path.exists() and not (_logs() & {"ir", "schedule"}):
+        module = runtime.load_artifact(path)
+        if module is not None:
+            _log("kernels", name, "\n".join(module.kernels.values()) or "(no kernels)")
+            _log("wrapper", name, module.wrapper)
+            note = "(from the artifact cache: lowering and scheduling were skipped)"
+            return Generated(dict(module.kernels), module.wrapper, graph, note, note, module)
+    from . import lower, schedule
+    if cuda:
         from . import codegen_triton as backend
     else:
         from . import codegen_cpp as backend
@@ -122,7 +135,20 @@ def _compile_graph(graph, device: str, name: str) -> Generated:
     module = backend.generate(sched)
     _log("kernels", name, "\n".join(module.kernels.values()) or "(no kernels)")
     _log("wrapper", name, module.wrapper)
+    if path is not None:
+        runtime.save_artifact(path, "triton" if cuda else "cpp", module)
     return Generated(dict(module.kernels), module.wrapper, graph, ir_text, sched_text, module)
+
+
+def _target(device: str) -> str:
+    """The device facts a back end's decisions depend on (threads for Alg. 6.1 on the CPU, SMs on the GPU)."""
+    if device.startswith("cuda"):
+        from . import cuda
+        if cuda.is_available():
+            p = cuda.get_device_properties()
+            return f"sm={p.sm_count},cc={p.cc}"
+        return "sm=132,cc=(9, 0)"
+    return f"threads={_T.get_num_threads()}"
 
 
 def _device_of(args) -> str:
@@ -164,11 +190,12 @@ class CompiledFunction:
         if entry is None:
             self.stats["eager_calls"] += 1
             return self.fn(*args, **kwargs)
-        call, spec = entry
-        from .capture import input_tensors, unflatten
-        inputs = input_tensors(args, kwargs)
+        call, spec, flat = entry
+        # the common call, tensors and scalars passed positionally, skips walking nested arguments
+        inputs = [a for a in args if a.__class__ is Tensor] if flat and not kwargs else \
+            _capture.input_tensors(args, kwargs)
         outs = call(inputs + self.constants[key])
-        return unflatten(spec, iter(outs), inputs)
+        return _capture.unflatten(spec, iter(outs), inputs)
 
     def _compile(self, key, args, kwargs):
         from .capture import GraphBreak, capture
@@ -195,10 +222,12 @@ class CompiledFunction:
             _log("graph", name, f"graph break, running eagerly: {e}")
             self.artifacts[key] = None
             return None
-        gen = _compile_graph(graph, _device_of(args), name)
+        gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         call = gen.module.load()
         self.constants[key] = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
-        self.artifacts[key] = (call, spec)
+        flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
+                                                             str, type(None))) for a in args)
+        self.artifacts[key] = (call, spec, flat)
         self.last_generated = gen
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0

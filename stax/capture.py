@@ -24,8 +24,6 @@ import os
 import traceback
 from dataclasses import dataclass, field
 
-import sympy
-
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 
 # ---- The graph ----
@@ -151,6 +149,7 @@ class Tracer:
         shape = []
         for dim, s in enumerate(meta.shape):
             if s is None:
+                import sympy   # only data-dependent sizes need symbols: capture stays light otherwise
                 s = sympy.Symbol(f"u{len(self.graph.unbacked)}", integer=True, nonnegative=True)
                 self.graph.unbacked[s] = (name, dim)
             shape.append(s)
@@ -180,7 +179,7 @@ class Tracer:
 
 
 def _contiguous_strides(shape) -> tuple:
-    stride, acc = [], sympy.Integer(1)
+    stride, acc = [], 1
     for s in reversed(shape):
         stride.append(acc)
         acc = acc * s

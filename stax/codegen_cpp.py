@@ -20,13 +20,13 @@ Where to look:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
 from dataclasses import dataclass, field
 
 import sympy
 
 from . import cache
+from .runtime import storage_ctype
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 from .lower import (ExternKernel, FloorDiv, ModularIndexing, Pointwise, Reduction, compute_dtype,
                     index_vars, set_handler, simplify_index)
@@ -52,15 +52,13 @@ def split_policy(numel_out, numel_red) -> int:
 
 _CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",
           "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-_STORAGE_CTYPE = {"float16": "uint16_t", "bfloat16": "uint16_t"}
 
 
 def ctype(dtype) -> str:
     return _CTYPE[dtype.name]
 
 
-def storage_ctype(dtype) -> str:
-    return _STORAGE_CTYPE.get(dtype.name, _CTYPE[dtype.name])
+
 
 
 def cliteral(value, dtype) -> str:
@@ -729,49 +727,8 @@ class CppModule:
 
     def load(self):
         """Compile the kernels (or find them in the cache) and import the wrapper; returns `call`."""
-        ffi, lib = cache.load_cpp(self.source, "\n".join(self.cdefs + ["void stax_set_num_threads(int n);"]))
-        path = cache.cache_dir() / "py" / f"wrapper_{cache.content_hash(self.wrapper)}.py"
-        if not path.exists():
-            cache.atomic_write(path, self.wrapper)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        mod.__dict__.update(_wrapper_globals(ffi, lib))
-        spec.loader.exec_module(mod)
-        return mod.call
-
-
-def _wrapper_globals(ffi, lib) -> dict:
-    """The names a generated wrapper calls: kernels, allocation, pointers, guards, fallbacks."""
-    casts = {d: f"{storage_ctype(d)}[]" for d in T.DTYPES.values()}
-    threads = [None]
-
-    def ptr(t):
-        return ffi.from_buffer(casts[t.dtype], t._storage.data) + t._meta.offset
-
-    def empty(shape, dtype):
-        return T.empty(*shape, dtype=dtype)
-
-    def launch_prologue():
-        if threads[0] != T.get_num_threads():
-            lib.stax_set_num_threads(T.get_num_threads())
-            threads[0] = T.get_num_threads()
-
-    g = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
-         "extern_kernel": extern_kernel, "launch_prologue": launch_prologue}
-    g.update({d.name: d for d in T.DTYPES.values()})
-    return g
-
-
-def assert_size_stride(t, shape, stride):
-    if tuple(t.shape) != shape or tuple(t.stride()) != stride:
-        raise AssertionError(f"expected size {shape} and stride {stride}, got size "
-                             f"{tuple(t.shape)} and stride {tuple(t.stride())}")
-
-
-def extern_kernel(op, inputs, params, dtype):
-    """§6.1 fallback: run the eager implementation of `op`; the result is contiguous."""
-    meta = T.Meta((), (), dtype)
-    return T._run_eager(op, inputs, params, [meta])[0]
+        from .runtime import load_cpu_module
+        return load_cpu_module(self.source, self.cdefs, self.wrapper)
 
 
 def _pyshape(shape) -> str:

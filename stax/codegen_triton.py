@@ -21,7 +21,6 @@ Where to look:
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -54,7 +53,7 @@ def current_target() -> Target:
 
 def split_policy(numel_out, numel_red, target: Target | None = None) -> int:
     """Alg. 6.1 on the GPU: too few outputs to give every SM work → split each row in two levels."""
-    sm = (target or Target()).sm_count
+    sm = (target or current_target()).sm_count
     out, red = sympy.sympify(numel_out), sympy.sympify(numel_red)
     if not (out.is_Integer and red.is_Integer):
         return 1
@@ -691,14 +690,8 @@ class TritonModule:
         return self.source
 
     def load(self):
-        path = cache.cache_dir() / "py" / f"triton_{cache.content_hash(self.source)}.py"
-        if not path.exists():
-            cache.atomic_write(path, self.source)
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        mod.__dict__.update(wrapper_globals())
-        spec.loader.exec_module(mod)
-        return mod.call
+        from .runtime import load_gpu_module
+        return load_gpu_module(self.source)
 
 
 def _wrapper(sched, calls) -> str:
@@ -756,42 +749,3 @@ def generate(sched) -> TritonModule:
         allocated |= new
         calls.append((g.index, call, new))
     return TritonModule(kernels, _wrapper(sched, calls), sched)
-
-
-# ---- §9.7 Runtime helpers the wrapper calls ----
-
-
-def wrapper_globals() -> dict:
-    import stax
-    from . import cuda
-    from .codegen_cpp import assert_size_stride as _assert
-
-    def assert_size_stride(t, shape, stride, what="input"):
-        _assert(t, shape, stride)
-
-    def empty_strided_cuda(shape, stride, dtype):
-        numel = 1
-        for s in shape:
-            numel *= s
-        storage = T.Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
-        return T.Tensor._make(storage, T.Meta(shape, stride, dtype, "cuda", 0))
-
-    def get_raw_stream(index):
-        return None            # one stream per process (stax.cuda's default stream)
-
-    def extern_kernel(op, inputs, params, dtype):
-        """§6.1 fallback on the GPU: through the host, result back on the device."""
-        return T._run_eager(op, inputs, params, [T.Meta((), (), dtype, "cuda")])[0]
-
-    return {"stax": stax, "assert_size_stride": assert_size_stride, "async_compile": async_compile,
-            "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
-            "extern_kernel": extern_kernel}
-
-
-class async_compile:  # noqa: N801  (Listing 9.6's name)
-    """`async_compile.triton(name, source)`: a kernel handle whose code is compiled at first launch."""
-
-    @staticmethod
-    def triton(name, source, device_str="cuda"):
-        from .autotune import kernel_from_source
-        return kernel_from_source(name, source)

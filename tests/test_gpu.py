@@ -150,12 +150,12 @@ MORE = {
 
 SM90_SCRIPT = """
 import importlib.util, json, sys
-from stax.codegen_triton import wrapper_globals
+from stax.runtime import gpu_wrapper_globals
 out = {}
 for path in sys.argv[1:]:
     spec = importlib.util.spec_from_file_location("m" + str(len(out)), path)
     mod = importlib.util.module_from_spec(spec)
-    mod.__dict__.update(wrapper_globals())
+    mod.__dict__.update(gpu_wrapper_globals())
     spec.loader.exec_module(mod)
     for name, obj in vars(mod).items():
         if name.startswith("triton_") and hasattr(obj, "compile_for"):

@@ -1,0 +1,187 @@
+"""Runtime: loading generated modules, and the names a generated wrapper calls (DESIGN.md "Runtime").
+
+Consumes what a code generator produced (the C++ source with its cffi declarations, or the Triton
+module text, plus the wrapper's Python source); produces the wrapper's `call(args)`, ready to run.
+It also keeps §11.1's artifact cache: the generated module of a captured graph, stored on disk, so a
+new process that captures the same graph loads it without lowering again. Nothing here imports
+sympy or triton: a warm start pays only for capture, a hash and a dlopen.
+
+Where to look:
+  - `load_cpu_module`, `load_gpu_module` ........ compile/dlopen, write the wrapper to a file, import it
+  - `cpu_wrapper_globals`, `gpu_wrapper_globals`  ptr(), empty(), assert_size_stride(), extern_kernel()
+  - `async_compile` ............................. Listing 9.6's kernel handles (compiled at first launch)
+  - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+
+from . import cache
+
+T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+
+# ---- The helpers every wrapper calls ----
+
+
+def assert_size_stride(t, shape, stride, what="input"):
+    """The wrapper's first check (Listing 9.6): the layout the code was generated for."""
+    if t._meta.shape != shape or t._meta.stride != stride:
+        raise AssertionError(f"{what}: expected size {shape} and stride {stride}, got size "
+                             f"{tuple(t.shape)} and stride {tuple(t.stride())}")
+
+
+def extern_kernel(op, inputs, params, dtype, device="cpu"):
+    """§6.1 fallback: the eager implementation of `op` (on the host); the result is contiguous."""
+    return T._run_eager(op, inputs, params, [T.Meta((), (), dtype, device)])[0]
+
+
+def _exec_wrapper(source: str, stem: str, names: dict):
+    """Write a generated module to the cache and import it (tracebacks point at real lines)."""
+    path = cache.cache_dir() / "py" / f"{stem}_{cache.content_hash(source)}.py"
+    if not path.exists():
+        cache.atomic_write(path, source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update(names)
+    spec.loader.exec_module(mod)
+    return mod.call
+
+
+# ---- CPU: C++ kernels through cffi ----
+
+_CTYPE = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t",
+          "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+
+
+def storage_ctype(dtype) -> str:
+    """The C++ element type of a buffer (half types are stored as 16-bit words)."""
+    return _CTYPE[dtype.name]
+
+
+
+def cpu_wrapper_globals(ffi, lib) -> dict:
+    """kernels (the dlopen'ed library), ptr(), empty(), the dtypes, and a thread-count prologue."""
+    casts = {d: f"{storage_ctype(d)}[]" for d in T.DTYPES.values()}
+    threads = [None]
+
+    def ptr(t):
+        return ffi.from_buffer(casts[t.dtype], t._storage.data) + t._meta.offset
+
+    def empty(shape, dtype):
+        return T.empty(*shape, dtype=dtype)
+
+    def launch_prologue():
+        if threads[0] != T.get_num_threads():
+            lib.stax_set_num_threads(T.get_num_threads())
+            threads[0] = T.get_num_threads()
+
+    names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
+             "extern_kernel": extern_kernel, "launch_prologue": launch_prologue}
+    names.update({d.name: d for d in T.DTYPES.values()})
+    return names
+
+
+def load_cpu_module(source: str, cdefs: list, wrapper: str):
+    """Compile the C++ file (or find it in the cache), dlopen it, import the wrapper; return `call`."""
+    # OpenMP workers that spin long after a kernel steal the cores a BLAS call (the matmul
+    # fallback) needs: 2048³ relu(a @ b + c) took 127 ms spinning, 87 ms (numpy's time) with this
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    ffi, lib = cache.load_cpp(source, "\n".join(cdefs + ["void stax_set_num_threads(int n);"]))
+    return _exec_wrapper(wrapper, "wrapper", cpu_wrapper_globals(ffi, lib))
+
+
+# ---- GPU: Triton kernels through the CUDA driver ----
+
+
+class async_compile:  # noqa: N801  (Listing 9.6's name)
+    """`async_compile.triton(name, source)`: a kernel handle whose code is compiled at first launch."""
+
+    @staticmethod
+    def triton(name, source, device_str="cuda"):
+        from .autotune import kernel_from_source
+        return kernel_from_source(name, source)
+
+
+def gpu_wrapper_globals() -> dict:
+    import stax
+    from . import cuda
+
+    def empty_strided_cuda(shape, stride, dtype):
+        numel = 1
+        for s in shape:
+            numel *= s
+        storage = T.Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
+        return T.Tensor._make(storage, T.Meta(shape, stride, dtype, "cuda", 0))
+
+    def get_raw_stream(index):
+        return None            # one stream per process (stax.cuda's default stream)
+
+    def gpu_extern_kernel(op, inputs, params, dtype):
+        return extern_kernel(op, inputs, params, dtype, "cuda")     # through the host, back on the GPU
+
+    return {"stax": stax, "assert_size_stride": assert_size_stride, "async_compile": async_compile,
+            "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
+            "extern_kernel": gpu_extern_kernel}
+
+
+def load_gpu_module(source: str):
+    """Import the generated module; its kernels compile (or load cached cubins) at first launch."""
+    return _exec_wrapper(source, "triton", gpu_wrapper_globals())
+
+
+# ---- §11.1 The artifact cache: a captured graph's generated module, across processes ----
+
+_CODE_VERSION = None
+
+
+def _code_version() -> str:
+    """A hash of Stax's own source: an artifact made by other code is never reused."""
+    global _CODE_VERSION
+    if _CODE_VERSION is None:
+        from pathlib import Path
+        here = Path(__file__).parent
+        files = sorted(here.glob("*.py")) + sorted(here.glob("*.h"))
+        _CODE_VERSION = cache.content_hash(*(p.name + p.read_text() for p in files))
+    return _CODE_VERSION
+
+
+def artifact_path(graph, device: str, target: str):
+    """Keyed by what determines the generated code: the graph (ops, parameters, dtypes, shapes),
+    the inputs' strides, the back end's device decisions (`target`), and the compiler's source."""
+    inputs = [(n.name, n.op, n.meta.dtype.name, [str(s) for s in n.meta.shape],
+               [str(s) for s in n.meta.stride]) for n in graph.inputs]
+    key = cache.content_hash(graph.format(), repr(inputs), device, target, _code_version())
+    return cache.cache_dir() / "artifacts" / f"{key}.json"
+
+
+def save_artifact(path, kind: str, module) -> None:
+    record = {"kind": kind, "kernels": module.kernels, "wrapper": module.wrapper, "source": module.source,
+              "cdefs": getattr(module, "cdefs", [])}
+    cache.atomic_write(path, json.dumps(record))
+
+
+class LoadedModule:
+    """A generated module read back from the artifact cache (what `stax.generate` would print)."""
+
+    def __init__(self, record: dict):
+        self.kind, self.kernels, self.wrapper = record["kind"], record["kernels"], record["wrapper"]
+        self.source, self.cdefs = record["source"], record["cdefs"]
+
+    def __str__(self):
+        return self.source if self.kind == "triton" else \
+            "\n".join(self.kernels.values()) + "\n\n# ---- wrapper ----\n" + self.wrapper
+
+    def load(self):
+        if self.kind == "triton":
+            return load_gpu_module(self.source)
+        return load_cpu_module(self.source, self.cdefs, self.wrapper)
+
+
+def load_artifact(path) -> LoadedModule | None:
+    try:
+        return LoadedModule(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
