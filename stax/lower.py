@@ -493,10 +493,15 @@ def _lower_cat(node, parts: list) -> Value:
         def part(k):
             shifted = list(idx[:d]) + [i - starts[k]] + list(idx[d + 1:])
             return lambda: _cast(parts[k].loader(shifted), parts[k], cdt)
-        result = part(len(parts) - 1)()
-        for k in range(len(parts) - 2, -1, -1):
-            cond = ops.lt(ops.index_expr(i, T.int64), ops.index_expr(starts[k + 1], T.int64))
-            result = ops.masked(cond, part(k), result)
+        # each part loads only inside its own range [starts[k], starts[k+1]): a masked load's
+        # `other` is computed unconditionally, so no part may be the unmasked fallback of another
+        pos = ops.index_expr(i, T.int64)
+        result = ops.constant(0, cdt)
+        for k in range(len(parts) - 1, -1, -1):
+            inside = ops.ge(pos, ops.index_expr(starts[k], T.int64))
+            if k + 1 < len(parts):
+                inside = ops.logical_and(inside, ops.lt(pos, ops.index_expr(starts[k + 1], T.int64)))
+            result = ops.masked(inside, part(k), result)
         return result
     return Value(shape, node.meta.dtype, body, cost=sum(v.cost for v in parts) + len(parts))
 

@@ -134,3 +134,19 @@ def test_max_propagates_nan_in_generated_code():
     assert_close(got[0], np.array([np.nan, np.nan, 2.0]), "float32")
     assert_close(got[1], np.maximum(a, 1.0), "float32")
     assert_close(got[2], np.minimum(a, 1.0), "float32")
+
+
+def test_cat_loads_each_part_only_inside_its_range():
+    """Every load of a cat is guarded by its part's range (found with AddressSanitizer: the last
+    part used to be loaded unconditionally, reading before its buffer for the other parts' rows)."""
+    xs = [stax.randn(5, 7), stax.randn(3, 7), stax.randn(2, 7)]
+    src = stax.generate(lambda a, b, c: stax.cat([a, b * 2, c], 0), *xs).kernels
+    (text,) = src.values()
+    inside = False
+    for line in text.splitlines():
+        if "[&]() ->" in line:
+            inside = True
+        elif line.strip() == "}();":
+            inside = False
+        elif "in_ptr" in line and "[" in line:
+            assert inside, f"unguarded load in a cat kernel: {line.strip()}"
