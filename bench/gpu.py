@@ -154,8 +154,7 @@ def compile_times():
                            capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
         out.append(float(line[0].split()[1]) if line else float("nan"))
-        if not line:
-            print(r.stdout, r.stderr)
+        print("compile-time process:", line[0] if line else r.stdout + r.stderr[-2000:])
     return out
 
 
