@@ -147,6 +147,12 @@ print("SECONDS", t, "triton_loaded", 'triton' in sys.modules)
 def compile_times():
     import tempfile
     root = os.path.join(os.path.dirname(__file__), "..")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import triton"], check=True)
+    print(f"a process that imports triton: {time.perf_counter() - t0:.2f} s")
+    env0 = dict(os.environ, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"), STAX_AUTOTUNE="0")
+    r = subprocess.run([sys.executable, "-c", COLD.format(root=root)], env=env0, capture_output=True, text=True)
+    print("cold compile without measuring candidates (STAX_AUTOTUNE=0):", r.stdout.strip() or r.stderr[-1000:])
     env = dict(os.environ, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"))
     out = []
     for _ in range(2):                       # cold, then warm on-disk cache
@@ -165,22 +171,32 @@ def main(argv):
     bw = copy_bandwidth()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
     rows = []
+    modes = {"default": dict(options={"autotune": False}), "autotuned": {},
+             "max-autotune": dict(mode="max-autotune")} if "--modes" in argv else {"autotuned": {}}
     for name in names:
         fn, shapes = WORKLOADS[name]
         args = [stax.randn(*s, device="cuda") for s in shapes]
-        f = stax.compile(fn)
-        t0 = time.perf_counter()
-        out = f(*args)
-        cuda.synchronize()
-        cold = time.perf_counter() - t0
+        by_mode = {}
+        for mode, kw in modes.items():
+            f = stax.compile(fn, **kw)
+            t0 = time.perf_counter()
+            out = f(*args)
+            cuda.synchronize()
+            cold = time.perf_counter() - t0
+            kernels = [v for k, v in f.artifacts[next(iter(f.artifacts))][0].__globals__.items()
+                       if k.startswith("triton_") and hasattr(v, "tuning_seconds")]
+            by_mode[mode] = {"ms": time_calls(f, args), "first_call_s": cold,
+                             "tuning_s": [round(k.tuning_seconds, 2) for k in kernels],
+                             "configs": [k.config for k in kernels]}
+            print(name, mode, json.dumps(by_mode[mode]), flush=True)
         outs = out if isinstance(out, (tuple, list)) else [out]
         nbytes = sum(a.numel() * 4 for a in args) + sum(o.numel() * 4 for o in outs)
         floor = nbytes / bw * 1e3
-        ms = time_calls(f, args)
+        ms = by_mode["autotuned"]["ms"]
         kernels = list(f.last_generated.kernels)
         tt = torch_time(name, shapes)
         row = {"workload": name, "stax_ms": ms, "floor_ms": floor, "frac": floor / ms,
-               "kernels": kernels, "stax_cold_s": cold}
+               "kernels": kernels, "stax_cold_s": by_mode["autotuned"]["first_call_s"], "modes": by_mode}
         if tt:
             row.update(torch_ms=tt[0], torch_cold_s=tt[1], speedup=tt[0] / ms)
         rows.append(row)
@@ -191,6 +207,15 @@ def main(argv):
     print()
     print(f"| workload | Stax ms | floor ms | frac | torch.compile ms | torch/Stax | kernels |")
     print(f"| --- | --- | --- | --- | --- | --- | --- |")
+    if len(modes) > 1:
+        print("\n| workload | heuristic ms | autotuned ms | max-autotune ms | tuning s (auto / max) | torch ms |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            m = r["modes"]
+            print(f"| {r['workload']} | {m['default']['ms']:.3f} | {m['autotuned']['ms']:.3f} | "
+                  f"{m['max-autotune']['ms']:.3f} | {m['autotuned']['tuning_s']} / {m['max-autotune']['tuning_s']} | "
+                  f"{r.get('torch_ms', float('nan')):.3f} |")
+        print()
     for r in rows:
         tm = f"{r['torch_ms']:.3f}" if "torch_ms" in r else "-"
         sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"

@@ -65,8 +65,9 @@ def _log(stage: str, title: str, text: str):
 
 
 def _key_of(x):
-    if isinstance(x, Tensor):
-        return ("tensor", x.dtype.name, str(x.device), tuple(x.shape), tuple(x.stride()))
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
     # builtins.*: this module's globals `bool`, `int`, `float` are the dtype aliases stax.bool, ...
     if isinstance(x, (builtins.bool, builtins.int, builtins.float, str, type(None))):
         return (type(x).__name__, x)
@@ -224,6 +225,9 @@ class CompiledFunction:
             return None
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         call = gen.module.load()
+        for obj in getattr(call, "__globals__", {}).values():   # GPU kernels: the tuning mode
+            if hasattr(obj, "options") and hasattr(obj, "tuning_seconds"):
+                obj.mode, obj.options = self.mode, self.options
         self.constants[key] = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
                                                              str, type(None))) for a in args)

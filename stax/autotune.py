@@ -293,6 +293,37 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
 MAX_CANDIDATES = 8      # compile + measure stays well under 2 s per kernel
 
 
+def autotune_enabled(options: dict) -> bool:
+    """Measurement is on unless STAX_AUTOTUNE=0 or options={"autotune": False} (then the
+    heuristic default runs: what the chapter calls the candidate set's first member)."""
+    import os
+    return options.get("autotune", os.environ.get("STAX_AUTOTUNE", "1") != "0")
+
+
+def tuning_space(kind: str, start: Config, numels: dict) -> dict:
+    """Definition 9.2's Π for mode="max-autotune": powers of two around the kernel's sizes."""
+    def pow2(lo, hi):
+        out, v = [], lo
+        while v <= hi:
+            out.append(v)
+            v *= 2
+        return out
+    x = max(1, int(numels.get("xnumel", 1)))
+    space = {"num_warps": [1, 2, 4, 8, 16, 32], "num_stages": [1, 2, 3]}
+    if kind == "persistent_reduction":
+        space["XBLOCK"] = pow2(1, max(1, min(64, _pow2_at_most(x, 64))))
+    else:
+        space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, 8192 if kind == "pointwise" else 1024)))
+    if "YBLOCK" in start:
+        space["YBLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get("ynumel", 1)), 1024)))
+    if "R0_BLOCK" in start:
+        space["R0_BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get("r0_numel", 1)), 16384)))
+    for name, value in start.items():            # the start must lie in the space
+        if value not in space.get(name, [value]):
+            space[name] = sorted(set(space[name]) | {value})
+    return space
+
+
 def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> list:
     """§9.6: a small candidate set C from the kernel's form, its sizes and reduction direction.
 
@@ -440,6 +471,8 @@ class TritonKernel:
         self.launchers: dict = {}
         self.config = None
         self._fast = None            # (numels, grid, launcher) of the last launch
+        self.mode, self.options = None, {}   # set by stax.compile(mode=..., options=...)
+        self.tuning_seconds = 0.0
 
     @property
     def fn(self):
@@ -469,10 +502,13 @@ class TritonKernel:
         """Launch on the current stream; the fast path is one list of pointers and one driver call."""
         ptrs = [a if a.__class__ is int else a.data_ptr() for a in args]
         fast = self._fast
-        n = len(self.numel_names)
-        if fast is not None and fast[0] == args[-n:] and not any(ptrs[i] & 15 for i in self.pointer_index):
-            fast[2](fast[1], ptrs)
-            return
+        if fast is not None and fast[0] == args[fast[3]:]:
+            low_bits = 0
+            for i in self.pointer_index:
+                low_bits |= ptrs[i]
+            if not low_bits & 15:
+                fast[2](fast[1], ptrs)
+                return
         self._slow_run(args, ptrs)
 
     def _slow_run(self, args, ptrs):
@@ -490,11 +526,11 @@ class TritonKernel:
         aligned = not any(ptrs[i] & 15 for i in self.pointer_index)
         launcher = self._launcher(cfg, aligned)
         if aligned:
-            self._fast = (args[len(args) - n:], grid, launcher)
+            self._fast = (args[len(args) - n:], grid, launcher, len(args) - n)
         launcher(grid, ptrs)
 
     def _launcher(self, cfg: Config, aligned: bool = True):
-        key = (id(cfg), aligned)
+        key = (tuple(sorted(cfg.items())), aligned)
         if key not in self.launchers:
             self.launchers[key] = self._compile(cfg, aligned)
         return self.launchers[key]
@@ -506,16 +542,20 @@ class TritonKernel:
         import sys
         from . import cache, cuda
         cands = candidates(self.kind, numels, self.reduction_hint, self.r0_block)
-        if len(cands) == 1:
+        search = self.options.get("autotune_search", "coordinate") if self.mode == "max-autotune" else None
+        if (len(cands) == 1 and search is None) or not autotune_enabled(self.options):
             return cands[0]
         props = cuda.get_device_properties()
-        key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version())
+        key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version(),
+                                 repr(search), repr(sorted(self.options.items())))
         path = cache.cache_dir() / "autotune" / f"{self.name}_{key}.json"
         if key in _RECORDS:
             return _RECORDS[key]
         if path.exists():
             _RECORDS[key] = json.loads(path.read_text())["config"]
             return _RECORDS[key]
+        import time
+        start = time.perf_counter()
         saved = self._protect(args)
         times = []
         for i, cfg in enumerate(cands):
@@ -523,18 +563,42 @@ class TritonKernel:
                 print(f"\rstax autotune {self.name}: candidate {i + 1}/{len(cands)}", end="",
                       file=sys.stderr, flush=True)
             times.append(self._measure(cfg, numels, args))
-        self._restore(saved)
         best = min(range(len(cands)), key=lambda i: times[i])
         if times[best] == math.inf:
+            self._restore(saved)
             raise AutotuneError(f"{self.name}: every launch configuration failed to compile or spilled")
-        _RECORDS[key] = cands[best]
-        cache.atomic_write(path, json.dumps({"config": cands[best], "candidates": cands, "ms": times}))
+        chosen, chosen_ms = cands[best], times[best]
+        if search is not None:
+            chosen, chosen_ms = self._search(search, chosen, numels, args)
+        self._restore(saved)
+        self.tuning_seconds = time.perf_counter() - start
+        _RECORDS[key] = chosen
+        cache.atomic_write(path, json.dumps({"config": chosen, "ms": chosen_ms, "candidates": cands,
+                                             "candidate_ms": times, "search": search,
+                                             "seconds": self.tuning_seconds}))
         if _show_autotune():
             print("", file=sys.stderr)
             for cfg, t in zip(cands, times):
-                mark = "  <- chosen" if cfg is cands[best] else ""
+                mark = "  <- best candidate" if cfg is cands[best] else ""
                 print(f"  {cfg}: {t:.4f} ms{mark}", file=sys.stderr)
-        return cands[best]
+            if search is not None:
+                print(f"  {search} search from the best candidate: {chosen}: {chosen_ms:.4f} ms",
+                      file=sys.stderr)
+            print(f"  chosen in {self.tuning_seconds:.2f} s", file=sys.stderr)
+        return chosen
+
+    def _search(self, search: str, start: Config, numels: dict, args) -> tuple:
+        """mode="max-autotune": Algorithm 9.2 from the best candidate, or random search (Prop. 9.3)."""
+        space = tuning_space(self.kind, start, numels)
+        cost = lambda cfg: self._measure(cfg, numels, args)   # noqa: E731
+        if search == "random":
+            q, delta = self.options.get("autotune_q", 0.05), self.options.get("autotune_delta", 0.05)
+            found = random_search(space, cost, samples_for_quantile(q, delta), random.Random(0))
+            if cost(found) >= cost(start):
+                found = start
+        else:
+            found = coordinate_descent(start, cost, space, eps=self.options.get("autotune_eps", 1e-3))
+        return found, cost(found)
 
     def _measure(self, cfg: Config, numels: dict, args) -> float:
         """Median time of one launch in ms (CUDA events, after a warm-up); inf if it cannot run."""

@@ -240,8 +240,11 @@ class TritonPrinter:
         mask = self.k.mask_for(expr, extra=self.masks)
         extras = ""
         if self.k.reduction:
+            # data each row reads once streams through (evict_first); data every row reads again,
+            # a row value or a per-column weight such as layer_norm's w and b, stays in L2
             uses_r = any(s in self.k.rvars_printed for s in expr.free_symbols)
-            extras = ", eviction_policy='evict_first'" if uses_r else ", eviction_policy='evict_last'"
+            uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
+            extras = ", eviction_policy='evict_first'" if uses_r and uses_x else ", eviction_policy='evict_last'"
         if mask:
             extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
             text = f"tl.load({ptr} + ({texpr(expr)}), {mask}{extras})"

@@ -1048,16 +1048,16 @@ class DeviceArray:
 
     def __init__(self, count: int, dtype):
         import numpy as np
-        self.count, self.dtype = int(count), np.dtype(dtype)
-        nbytes = max(1, self.count * self.dtype.itemsize)
+        self.count, self.dtype = count, dtype          # a numpy dtype
         if interpreting():
-            self.host_array, self.buffer = np.empty(self.count, self.dtype), None
+            self.host_array, self.buffer = np.empty(count, dtype), None
         else:
-            self.host_array, self.buffer = None, allocate(nbytes)
+            self.host_array, self.buffer = None, allocate(max(1, count * dtype.itemsize))
 
     @property
     def ptr(self) -> int:
-        return self.host_array.ctypes.data if self.buffer is None else self.buffer.ptr
+        buffer = self.buffer
+        return buffer.ptr if buffer is not None else self.host_array.ctypes.data
 
     def upload(self, array) -> "DeviceArray":
         import numpy as np

@@ -263,9 +263,11 @@ class Tensor:
         return True
 
     def data_ptr(self):
-        self._need_data("data_ptr()")
-        base = self._storage.data.ctypes.data if self.device == "cpu" else self._storage.data.ptr
-        return base + self._meta.offset * self.dtype.np.itemsize
+        storage = self._storage
+        if storage is None:
+            self._need_data("data_ptr()")
+        base = storage.data.ctypes.data if storage.device == "cpu" else storage.data.ptr
+        return base + self._meta.offset * self._meta.dtype.itemsize
 
     def __len__(self):
         if self.ndim == 0:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _python(code, env, timeout=120):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+                          text=True, cwd=ROOT, env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}, timeout=timeout)
 
 
 # ---- 64-bit indexing ----

@@ -381,7 +381,7 @@ def test_cache_hit_in_new_process(tmp_cache, monkeypatch):
         print(time.perf_counter() - t)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.strip()) < 1.0
 
@@ -425,6 +425,6 @@ def test_import_is_light():
             "s.loader.exec_module(u.module_from_spec(s)); "
             "print(sorted({'cffi', 'triton', 'numpy'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
