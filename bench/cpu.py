@@ -135,11 +135,21 @@ def _out_bytes(name, inputs):
 # ---- Timing ----
 
 
+WARMUP_SECONDS = 2.0
+
+
 def median_time(fn, args, runs, warmup=1, best=False):
-    """Median seconds of fn(*args) over `runs` calls after `warmup` calls (with best=True:
-    (median, min); the min is robust to other processes sharing the machine)."""
-    for _ in range(warmup):
+    """Median seconds of fn(*args) over `runs` calls after `warmup` calls and at least
+    WARMUP_SECONDS of calls (with best=True: (median, min); the min is robust to other processes
+    sharing the machine). The time-based warm-up matters on this host: the first seconds of a
+    process that touches large fresh arrays run up to 4x slower (transparent huge pages are
+    assembled in the background: `x.t() + y` measured 180 ms a call, then 38 ms), so every
+    contender (Stax, numpy, torch.compile) gets the same steady state."""
+    t_end = time.perf_counter() + WARMUP_SECONDS
+    done = 0
+    while done < warmup or time.perf_counter() < t_end:
         fn(*args)
+        done += 1
     ts = []
     for _ in range(runs):
         t0 = time.perf_counter()

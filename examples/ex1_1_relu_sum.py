@@ -27,12 +27,12 @@ def main():
     out = relu_sum(x, y)           # same shapes/strides/dtypes: reuses the compiled artifact
 
     # The same computation in float64 numpy, as a reference.
-    xn, yn = x.numpy().astype(np.float64), y.numpy().astype(np.float64)
+    xn, yn = x.cpu().numpy().astype(np.float64), y.cpu().numpy().astype(np.float64)
     expected = (np.maximum(xn + yn, 0) * 2).sum(-1)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
 
     print("out.shape:", tuple(out.shape))
-    print("out[:4]:  ", np.round(out.numpy()[:4], 4))
+    print("out[:4]:  ", np.round(out.cpu().numpy()[:4], 4))
     print("matches numpy: OK")
 
 

@@ -24,11 +24,11 @@ def main():
 
     out = transpose_add(x, y)
 
-    expected = x.numpy().astype(np.float64).T + y.numpy().astype(np.float64)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+    expected = x.cpu().numpy().astype(np.float64).T + y.cpu().numpy().astype(np.float64)
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
 
     print("out.shape:", tuple(out.shape))
-    print("out[0, :4]:", np.round(out.numpy()[0, :4], 4))
+    print("out[0, :4]:", np.round(out.cpu().numpy()[0, :4], 4))
     print("matches numpy: OK")
 
 

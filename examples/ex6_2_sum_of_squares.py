@@ -23,12 +23,12 @@ def main():
 
     out = sum_of_squares(x)
 
-    xn = x.numpy().astype(np.float64)
+    xn = x.cpu().numpy().astype(np.float64)
     expected = (xn * xn).sum(-1)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
 
     print("out.shape:", tuple(out.shape))
-    print("out[:4]:  ", np.round(out.numpy()[:4], 2))
+    print("out[:4]:  ", np.round(out.cpu().numpy()[:4], 2))
     print("matches numpy: OK")
 
 

@@ -27,14 +27,14 @@ def main():
 
     out = layer_norm(x, weight, bias)
 
-    xn = x.numpy().astype(np.float64)
+    xn = x.cpu().numpy().astype(np.float64)
     mean = xn.mean(-1, keepdims=True)
     var = ((xn - mean) ** 2).mean(-1, keepdims=True)
-    expected = (xn - mean) / np.sqrt(var + 1e-5) * weight.numpy() + bias.numpy()
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+    expected = (xn - mean) / np.sqrt(var + 1e-5) * weight.cpu().numpy() + bias.cpu().numpy()
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-4)
 
     print("out.shape:", tuple(out.shape))
-    print("out[0, :4]:", np.round(out.numpy()[0, :4], 4))
+    print("out[0, :4]:", np.round(out.cpu().numpy()[0, :4], 4))
     print("matches numpy: OK")
 
 

@@ -32,17 +32,17 @@ def main():
     out = mlp_block(x, w, b, gamma, beta)
 
     # float64 numpy reference
-    f64 = lambda t: t.numpy().astype(np.float64)
+    f64 = lambda t: t.cpu().numpy().astype(np.float64)
     h = f64(x) @ f64(w) + f64(b)
     erf = np.vectorize(math.erf)
     h = 0.5 * h * (1 + erf(h / math.sqrt(2)))
     mean = h.mean(-1, keepdims=True)
     var = ((h - mean) ** 2).mean(-1, keepdims=True)
     expected = (h - mean) / np.sqrt(var + 1e-5) * f64(gamma) + f64(beta)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-4)
 
     print("out.shape:", tuple(out.shape))
-    print("out[0, :4]:", np.round(out.numpy()[0, :4], 4))
+    print("out[0, :4]:", np.round(out.cpu().numpy()[0, :4], 4))
     print("matches numpy: OK")
 
 

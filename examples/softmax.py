@@ -24,15 +24,15 @@ def main():
 
     out = softmax(x)
 
-    xn = x.numpy().astype(np.float64)
+    xn = x.cpu().numpy().astype(np.float64)
     e = np.exp(xn - xn.max(-1, keepdims=True))
     expected = e / e.sum(-1, keepdims=True)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
     # each row of a softmax sums to 1
-    np.testing.assert_allclose(out.numpy().sum(-1), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(out.cpu().numpy().sum(-1), 1.0, rtol=1e-4)
 
     print("out.shape:", tuple(out.shape))
-    print("row sums: ", np.round(out.numpy().sum(-1)[:4], 5))
+    print("row sums: ", np.round(out.cpu().numpy().sum(-1)[:4], 5))
     print("matches numpy: OK")
 
 

@@ -211,19 +211,12 @@ def summarize(f, timing=True) -> str:
 def _use_device(device: str) -> None:
     """--device: tensors the script creates default to `device`.
 
-    The hook for the GPU back end: it becomes available once `stax.set_default_device(device)`
-    exists and `stax/codegen_triton.py` is present; until then `--device cuda` says so and exits 2."""
+    Without an NVIDIA GPU, `--device cuda` says so and exits 2 (with TRITON_INTERPRET=1 the
+    Triton kernels run in Triton's interpreter instead)."""
     if device == "cpu":
         return
-    import importlib.util
-    setter = getattr(stax, "set_default_device", None)
-    if setter is None or importlib.util.find_spec("stax.codegen_triton") is None:
-        print(f"stax: --device {device}: the GPU back end is not available in this version of Stax "
-              "(it is being written: stax/codegen_triton.py). Run on the CPU with --device cpu "
-              "(the default).", file=sys.stderr)
-        sys.exit(2)
     try:
-        setter(device)
+        stax.set_default_device(device)
     except RuntimeError as e:           # e.g. no GPU or no CUDA driver on this machine
         print(f"stax: --device {device}: {e}", file=sys.stderr)
         sys.exit(2)

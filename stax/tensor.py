@@ -34,6 +34,7 @@ import numpy as np
 
 __all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int32 int64 bool_
     promote_types result_type can_cast set_num_threads get_num_threads manual_seed tensor from_numpy
+    set_default_device get_default_device
     zeros ones full empty zeros_like ones_like full_like arange rand randn permute expand expand_as
     select view reshape unsqueeze squeeze flatten transpose t narrow broadcast_shapes add sub div
     true_divide floor_divide multiply subtract to_dtype where clamp clip gelu silu sum prod amax
@@ -182,9 +183,13 @@ class Meta:
 
 @dataclass
 class Storage:
-    """Flat 1-D buffer of the storage dtype. A CUDA storage only has to provide the same fields."""
+    """Flat 1-D buffer of the storage dtype. A CUDA storage only has to provide the same fields.
+
+    `exported` is set once the memory has been handed out (numpy(), __array__, data_ptr()): a
+    caching allocator must not reuse it after the tensor dies, since someone may still hold it."""
     data: np.ndarray
     device: str = "cpu"
+    exported: list = None
 
 
 def _contig(shape):
@@ -266,6 +271,8 @@ class Tensor:
         storage = self._storage
         if storage is None:
             self._need_data("data_ptr()")
+        if storage.exported is not None:
+            storage.exported[0] = True
         base = storage.data.ctypes.data if storage.device == "cpu" else storage.data.ptr
         return base + self._meta.offset * self._meta.dtype.itemsize
 
@@ -297,8 +304,13 @@ class Tensor:
     def _compute(self):
         return _to_compute_form(self._np(), self.dtype)
 
+    def _export(self):
+        if self._storage is not None and self._storage.exported is not None:
+            self._storage.exported[0] = True
+
     def numpy(self):
         self._need_data("numpy()")
+        self._export()
         if self.device != "cpu":
             raise TypeError(f"can't convert {self.device}:0 device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
@@ -308,6 +320,7 @@ class Tensor:
 
     def __array__(self, dtype=None, copy=None):
         self._need_data("__array__")
+        self._export()
         a = self._compute() if self.dtype is bfloat16 else self._np()
         return a if dtype is None else a.astype(dtype)
 
@@ -614,9 +627,23 @@ def _from_array(a, dtype):
     return Tensor._make(Storage(s.reshape(-1)), _meta(s.shape, dtype))
 
 
+_DEFAULT_DEVICE = "cpu"
+
+
+def set_default_device(device):
+    """Where factories (`tensor`, `zeros`, `randn`, ...) put tensors when no device is given."""
+    global _DEFAULT_DEVICE
+    _DEFAULT_DEVICE = _norm_device(device)
+
+
+def get_default_device():
+    return _DEFAULT_DEVICE
+
+
 def tensor(data, dtype=None, device=None):
     """A new tensor holding a copy of `data` (nested lists, scalars, numpy arrays, tensors)."""
-    if device is not None and _norm_device(device) != "cpu":
+    device = _DEFAULT_DEVICE if device is None else device
+    if _norm_device(device) != "cpu":
         return tensor(data, dtype).to(device)
     if isinstance(data, Tensor):
         return clone(data.to(dtype or data.dtype))
@@ -650,7 +677,7 @@ def from_numpy(a):
 
 
 def _factory(op, params, shape, dtype, device):
-    device = "cpu" if device is None else _norm_device(device)
+    device = _DEFAULT_DEVICE if device is None else _norm_device(device)
     if device != "cpu" and TRACER is None:
         return _op(op, [], params, _meta(shape, dtype)).to(device)
     return _op(op, [], params, _meta(shape, dtype, device))
@@ -674,7 +701,7 @@ def empty(*size, dtype=None, device=None):
     """Uninitialized memory eagerly (the C++ wrapper allocates its buffers with it); a zero
     `full` node while tracing, so a graph never reads garbage."""
     size, dtype = _shape_args(size), dtype or float32
-    device = "cpu" if device is None else _norm_device(device)
+    device = _DEFAULT_DEVICE if device is None else _norm_device(device)
     if TRACER is not None:
         return zeros(size, dtype=dtype, device=device)
     if device != "cpu":

@@ -95,12 +95,20 @@ def test_help_and_bad_arguments():
     assert p.returncode == 2 and "no such file" in p.stderr
 
 
-def test_device_cuda_without_gpu_back_end_says_so():
-    p = stax_cli("run", "examples/ex1_1_relu_sum.py", "--device", "cuda", "--no-timing")
-    if p.returncode == 0:
-        pytest.skip("the GPU back end is wired and a GPU is present")
+def test_device_cuda_without_a_gpu_says_so():
+    """--device cuda with no GPU (forced with STAX_DISABLE_CUDA=1) is a clear error, exit 2."""
+    env = {"STAX_DISABLE_CUDA": "1", "TRITON_INTERPRET": "0"}
+    p = stax_cli("run", "examples/ex1_1_relu_sum.py", "--device", "cuda", "--no-timing", env=env)
     assert p.returncode == 2, p.stderr
-    assert "stax: --device cuda" in p.stderr
+    assert "stax: --device cuda" in p.stderr and "GPU" in p.stderr
+
+
+def test_device_cuda_runs_the_example_on_the_gpu_back_end():
+    """--device cuda: the example's tensors live on the GPU (here: Triton's interpreter)."""
+    p = stax_cli("run", "examples/ex1_1_relu_sum.py", "--device", "cuda", "--show", "kernels",
+                 "--no-timing", env={"TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "triton_per_fused_0" in p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
