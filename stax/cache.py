@@ -122,6 +122,9 @@ def cxx_compiler() -> str:
         found = shutil.which(env)
         if found:
             return found
+        raise RuntimeError(f"CXX={env!r} names no C++ compiler Stax can run (not an executable file "
+                           "or a name on PATH). Set CXX to your compiler (e.g. g++), or unset it "
+                           "to use g++, c++ or clang++ from PATH.")
     for name in ("g++", "c++", "clang++"):
         found = shutil.which(name)
         if found:

@@ -399,10 +399,17 @@ def test_compile_error_message(tmp_cache):
 
 
 def test_missing_compiler(tmp_cache, monkeypatch, tmp_path):
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(cache, "_identity", {})
     with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler .* set CXX"):
+        load_cpp(SMALL.replace("@C@", "3.0f"), SMALL_CDEF)
+
+
+def test_cxx_naming_no_compiler_is_an_error_not_a_fallback(tmp_cache, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(cache, "_identity", {})
+    with pytest.raises(RuntimeError, match="CXX='/nonexistent/c\\+\\+' names no C\\+\\+ compiler"):
         load_cpp(SMALL.replace("@C@", "3.0f"), SMALL_CDEF)
 
 
