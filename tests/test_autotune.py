@@ -393,3 +393,74 @@ def test_all_inf_is_an_error():
         random_search(QSPACE, inf, 20, random.Random(0))
     with pytest.raises(AutotuneError, match="no valid configuration"):
         coordinate_descent({"XBLOCK": 2, "num_warps": 1, "num_stages": 1}, inf, SMALL)
+
+
+# ---- Algorithm 9.1 in the kernel launcher (the GPU measurement is replaced by a fake) ----
+
+
+def _fake_kernel(monkeypatch, tmp_path, times):
+    """A TritonKernel whose 'measurements' come from `times` (config -> ms), on a fake H200."""
+    from types import SimpleNamespace
+    from stax import autotune as at, cache, cuda
+    monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda, "get_device_properties", lambda: SimpleNamespace(name="fake H200", cc=(9, 0)))
+    monkeypatch.setattr(at, "_triton_version", lambda: "3.6.0")
+    monkeypatch.setattr(at, "_RECORDS", {})
+    src = "def triton_poi_fused_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n"
+    k = at.TritonKernel("triton_poi_fused_0", "pointwise", {"x": 1 << 20},
+                        {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32"}, source=src)
+    measured = []
+
+    def measure(cfg, numels, args):
+        measured.append(cfg)
+        return times(cfg)
+    monkeypatch.setattr(k, "_measure", measure)
+    monkeypatch.setattr(k, "_protect", lambda args: [])
+    monkeypatch.setattr(k, "_restore", lambda saved: None)
+    return k, measured
+
+
+def test_algorithm_9_1_measures_once_then_reads_the_record(monkeypatch, tmp_path):
+    from stax import autotune as at
+    numels = {"xnumel": 1 << 20}
+    fastest = {"XBLOCK": 2048, "num_warps": 8, "num_stages": 1}
+    k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c == fastest else 2.0)
+    assert k._autotune(numels, ()) == fastest
+    assert measured == at.candidates("pointwise", numels)          # every candidate, once
+    assert list((tmp_path / "autotune").glob("triton_poi_fused_0_*.json"))
+    # a second process: nothing in memory, the record on disk; nothing is measured
+    k2, measured2 = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
+    assert k2._autotune(numels, ()) == fastest and measured2 == []
+
+
+def test_failing_or_spilling_candidates_are_never_chosen(monkeypatch, tmp_path):
+    numels = {"xnumel": 1 << 20}
+    # inf is what _measure returns for a candidate that fails to compile or spills registers
+    k, _ = _fake_kernel(monkeypatch, tmp_path, lambda c: math.inf if c["XBLOCK"] >= 2048 else 0.5 + c["num_warps"] / 100)
+    chosen = k._autotune(numels, ())
+    assert chosen["XBLOCK"] < 2048
+    k, _ = _fake_kernel(monkeypatch, tmp_path / "b", lambda c: math.inf)
+    with pytest.raises(AutotuneError, match="failed to compile or spilled"):
+        k._autotune(numels, ())
+
+
+def test_max_autotune_runs_coordinate_descent_from_the_best_candidate(monkeypatch, tmp_path):
+    numels = {"xnumel": 1 << 20}
+    # a bowl in log2 space with its minimum outside the candidate set
+    cost = lambda c: 1 + abs(math.log2(c["XBLOCK"]) - 13) + abs(math.log2(c["num_warps"]) - 4) + c["num_stages"]  # noqa: E731
+    k, _ = _fake_kernel(monkeypatch, tmp_path, cost)
+    k.mode = "max-autotune"
+    chosen = k._autotune(numels, ())
+    assert chosen == {"XBLOCK": 8192, "num_warps": 16, "num_stages": 1}
+    k, _ = _fake_kernel(monkeypatch, tmp_path / "r", cost)
+    k.mode, k.options = "max-autotune", {"autotune_search": "random"}
+    best_candidate = min(cost(c) for c in __import__("stax").autotune.candidates("pointwise", numels))
+    assert cost(k._autotune(numels, ())) <= best_candidate
+
+
+def test_autotune_off_runs_the_heuristic_default(monkeypatch, tmp_path):
+    from stax import autotune as at
+    numels = {"xnumel": 1 << 20}
+    k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
+    k.options = {"autotune": False}
+    assert k._autotune(numels, ()) == at.default_config("pointwise", numels) and measured == []

@@ -150,6 +150,7 @@ MORE = {
 
 SM90_SCRIPT = """
 import importlib.util, json, sys
+from stax.autotune import candidates
 from stax.runtime import gpu_wrapper_globals
 out = {}
 for path in sys.argv[1:]:
@@ -159,15 +160,19 @@ for path in sys.argv[1:]:
     spec.loader.exec_module(mod)
     for name, obj in vars(mod).items():
         if name.startswith("triton_") and hasattr(obj, "compile_for"):
-            cubin, info, _ = obj.compile_for(90)
-            out[path + ":" + name] = (cubin[:4] == b"\\x7fELF", info.num_warps)
+            numels = {p + "numel": n for p, n in obj.size_hints.items()}
+            for i, cfg in enumerate(candidates(obj.kind, numels, obj.reduction_hint, obj.r0_block)):
+                cubin, info, _ = obj.compile_for(90, cfg)
+                out[path + ":" + name + ":" + str(i)] = (cubin[:4] == b"\\x7fELF", info.num_warps)
 print(json.dumps(out))
 """
 
 
 def test_every_kernel_compiles_for_sm90(tmp_path):
-    """Triton builds each generated kernel for sm_90 on a machine without a GPU (a subprocess:
-    kernels built by @triton.jit under TRITON_INTERPRET=1 cannot be compiled)."""
+    """Triton builds each generated kernel, in every candidate launch configuration, for sm_90 on a
+    machine without a GPU (a subprocess: kernels built by @triton.jit under TRITON_INTERPRET=1
+    cannot be compiled)."""
+    from stax.autotune import candidates, kernel_from_source
     import json
     import os
     import subprocess
@@ -178,13 +183,16 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         path = tmp_path / f"{name}.py"
         path.write_text(gen.module.source)
         paths.append(str(path))
-        expected += len(gen.kernels)
+        for kname, text in gen.kernels.items():
+            k = kernel_from_source(kname, text)
+            numels = {p + "numel": n for p, n in k.size_hints.items()}
+            expected += len(candidates(k.kind, numels, k.reduction_hint, k.r0_block))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True,
                        text=True, cwd=Path(__file__).parent.parent)
     assert r.returncode == 0, r.stderr[-3000:]
     built = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(built) == expected
+    assert len(built) == expected and expected > 40, (len(built), expected)
     assert all(elf and warps >= 1 for elf, warps in built.values()), built
 
 
