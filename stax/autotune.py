@@ -341,10 +341,13 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
             if xb <= max(16, _pow2_at_most(x, 4096)):
                 out.append({"XBLOCK": xb, "num_warps": w, "num_stages": 1})
     elif kind == "persistent_reduction":
-        # rows in registers: at most 32 elements per thread, the two smallest warp counts per XBLOCK
+        # rows in registers: the two smallest warp counts per XBLOCK that keep at most 32 elements
+        # per thread (128 for one very long row: 8, 16 and 32 warps all stay in registers on a
+        # 32768-wide softmax, ANCHORS.md)
         for xb in (1, 2, 4, 8, 16, 32):
-            if xb <= _pow2_at_most(x, 64) and xb * r0_block <= 8192:
-                warps = [w for w in (4, 8, 16, 32) if xb * r0_block // (32 * w) <= 32][:2]
+            if xb <= _pow2_at_most(x, 64) and (xb * r0_block <= 8192 or xb == 1):
+                limit = 32 if xb * r0_block <= 8192 else 128
+                warps = [w for w in (4, 8, 16, 32) if xb * r0_block // (32 * w) <= limit][:2]
                 out += [{"XBLOCK": xb, "num_warps": w, "num_stages": 1} for w in warps]
     elif reduction_hint == ReductionHint.OUTER:
         for xb, rb, w in ((64, 4, 8), (32, 16, 4), (8, 128, 4), (128, 8, 8)):
