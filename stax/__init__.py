@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import json
 import os
 import sys
 import time

@@ -366,7 +366,6 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
 
 def _interp_arg(a):
     """What Triton's interpreter needs of a pointer argument: a torch-like view of host memory."""
-    from . import tensor as _unused  # noqa: F401  (stax.tensor is loaded)
     if hasattr(a, "_storage"):
         return _InterpTensor(a._storage.data.host_array, a._meta.offset, a.dtype.name)
     return a

@@ -28,9 +28,9 @@ import sympy
 from . import cache
 from .runtime import storage_ctype
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
-from .lower import (ExternKernel, FloorDiv, ModularIndexing, Pointwise, Reduction, compute_dtype,
+from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype,
                     index_vars, set_handler, simplify_index)
-from .schedule import _node_loops, _reads, node_index, store_index
+from .schedule import _node_loops, _reads, dead_after, node_index, store_index
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels
@@ -592,7 +592,7 @@ def _reduction_kernel(k: CppKernel) -> list:
 def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
     """One pass over the reduction dims computing `nodes` (reductions and per-element nodes)."""
     reductions = [n for n in nodes if isinstance(n, Reduction)]
-    pre, post = [], []
+    pre = []
     for n in reductions:
         acc, t = f"acc_{n.name}", ctype(n.src_dtype)
         init = _identity(n)
@@ -748,11 +748,10 @@ def _wrapper(sched, calls) -> str:
         lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)})")
     lines.append("    launch_prologue()")
     defined = set(names)
-    keep = {o for o in low.outputs if isinstance(o, str)}
     for gi, call, new in calls:
         lines += ["    " + line for line in call]
         defined |= new
-        dead = sorted(n for n in defined if sched.last_use.get(n) == gi and n not in keep)
+        dead = dead_after(sched, gi, defined)
         if dead:
             lines.append(f"    del {', '.join(dead)}")
             defined -= set(dead)

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import cache
 from .codegen_cpp import _all_indices, _phases, merge_dims, _pyarg, _pyparams, _pyshape
-from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, reduction_identity,
+from .lower import (FloorDiv, ModularIndexing, Reduction, reduction_identity,
                     index_vars, set_handler, simplify_index)
-from .schedule import _node_loops, node_index, store_index
+from .schedule import dead_after, node_index, store_index
 
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 
@@ -589,7 +588,6 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
         if n.reduction_type in ("argmax", "argmin"):
             pre.append(f"_tmp{num}_index = tl.full([XBLOCK, R0_BLOCK], 0, tl.int64)")
     p = TritonPrinter(k)
-    inner = []
     for n in nodes:
         value = k.body(n, xvars, rvars, p)
         if isinstance(n, Reduction):
@@ -707,7 +705,7 @@ def _wrapper(sched, calls) -> str:
     for b in low.inputs:
         lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)}, 'input')")
     lines.append("    with stax.cuda.device(0):")
-    defined, keep, stream = set(names), {o for o in low.outputs if isinstance(o, str)}, False
+    defined, stream = set(names), False
     for gi, call, new in calls:
         for line in call:
             if ".run(" in line and not stream:
@@ -715,7 +713,7 @@ def _wrapper(sched, calls) -> str:
                 stream = True
             lines.append("        " + line)
         defined |= new
-        dead = sorted(n for n in defined if sched.last_use.get(n) == gi and n not in keep)
+        dead = dead_after(sched, gi, defined)
         if dead:
             lines.append(f"        del {', '.join(dead)}")
             defined -= set(dead)

@@ -756,8 +756,8 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     return lowered
 
 
-class _LoadCollector:
-    """An ops handler that only records `ops.load(name, index)` calls."""
+class LoadCollector:
+    """An ops handler that only records `ops.load(name, index)` calls (dependences, §7.1)."""
 
     def __init__(self):
         self.loads = []
@@ -778,7 +778,7 @@ def _reads_mutated_elsewhere(v: Value, target: InputBuffer, mutated: set) -> boo
     idx = index_vars("i", len(target.layout.shape))
     ranges = dict(zip(idx, target.layout.shape))
     here = target.layout.index(idx)
-    c = _LoadCollector()
+    c = LoadCollector()
     with set_handler(c):
         v.loader(idx)
     return any(name in mutated and (name != target.name or simplify_index(index - here, ranges) != 0)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .lower import (ExternKernel, Pointwise, Reduction, index_vars, ops, set_handler,
+from .lower import (ExternKernel, LoadCollector, Pointwise, Reduction, index_vars, set_handler,
                     simplify_index)
 
 # ---- Data types ----
@@ -98,25 +98,9 @@ def store_index(buf, xvars, rvars):
 # ---- Which loads a body makes ----
 
 
-class _LoadCollector:
-    """An ops handler that only records `ops.load(name, index)` calls."""
-
-    def __init__(self):
-        self.loads = []
-
-    def load(self, name, index):
-        self.loads.append((name, index))
-
-    def masked(self, mask, body, other):
-        return body()
-
-    def __getattr__(self, name):
-        return lambda *args: None
-
-
 def _reads(buf, xvars, rvars) -> list:
     """[(buffer name, index expression)] for every load in buf's body, in the group's loop vars."""
-    c = _LoadCollector()
+    c = LoadCollector()
     idx, ridx = node_index(buf, xvars, rvars)
     with set_handler(c):
         if isinstance(buf, Reduction):
@@ -191,7 +175,6 @@ def schedule(lowered) -> Schedule:
     groups: list = []
     group_of: dict = {}              # buffer name -> group index
     readers: dict = {}               # buffer/input name -> groups that read it
-    input_names = {b.name for b in lowered.inputs}
     for buf in lowered.buffers:
         reads = buffer_reads(buf)
         earliest = max([group_of[r] for r in reads if r in group_of] + [0])
@@ -245,6 +228,12 @@ def _is_elementwise(buf, group) -> bool:
     """True when a pointwise node in a reduction kernel runs per element (x + r), not per row."""
     return isinstance(buf, Pointwise) and len(group.reduction_ranges) > 0 and \
         _node_loops(buf)[0] == group.ranges + group.reduction_ranges
+
+
+def dead_after(sched: Schedule, group_index: int, alive: set) -> list:
+    """§7.5: the buffers in `alive` whose last reader is this group (graph outputs live on)."""
+    outputs = {o for o in sched.lowered.outputs if isinstance(o, str)}
+    return sorted(n for n in alive if sched.last_use.get(n) == group_index and n not in outputs)
 
 
 def format_schedule(sched: Schedule) -> str:
