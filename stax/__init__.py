@@ -33,6 +33,7 @@ for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, s
     globals()[_name] = _dt
 
 RECOMPILE_LIMIT = 8
+_MISS = object()
 
 # Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
 # appended to it and remembers the inputs of its last call (`last_inputs`), so that the CLI can
@@ -183,9 +184,11 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
-        key = tuple(_key_of(a) for a in args) + tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
-        entry = self.artifacts.get(key, "miss")
-        if entry == "miss":
+        key = tuple([_key_of(a) for a in args])
+        if kwargs:
+            key += tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
+        entry = self.artifacts.get(key, _MISS)
+        if entry is _MISS:
             entry = self._compile(key, args, kwargs)
         if entry is None:
             self.stats["eager_calls"] += 1

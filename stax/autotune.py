@@ -334,7 +334,7 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
     base = default_config(kind, numels, reduction_hint, r0_block)
     out = [base]
     if kind == "pointwise" and "ynumel" in numels:
-        for yb, xb, w in ((64, 64, 8), (32, 32, 4), (16, 128, 4), (64, 32, 4), (128, 32, 8)):
+        for yb, xb, w in ((64, 64, 8), (64, 64, 16), (32, 32, 4), (16, 128, 4), (64, 128, 8), (128, 64, 8)):
             out.append({"YBLOCK": yb, "XBLOCK": xb, "num_warps": w, "num_stages": 1})
     elif kind == "pointwise":
         for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16)):
