@@ -355,6 +355,7 @@ class TritonKernel:
         self.reduction = group.kind == "reduction"
         self.target = {w: i for i, w in sched.lowered.mutations}
         self.rvars_printed = set()
+        self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -446,7 +447,7 @@ def _axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> tuple:
     lines = []
     if p == "r0_":
         if per_block is not None:
-            lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}")
+            lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}" + (".to(tl.int64)" if k.index64 else ""))
             lines.append("r0_offset = 0")
             if "r0_mask" in k.always_true:
                 lines.append(f"r0_mask = tl.full([R0_BLOCK], True, tl.int1){sl}")
@@ -457,7 +458,8 @@ def _axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> tuple:
             lines += ["r0_index = r0_offset + r0_base", "r0_mask = r0_index < r0_numel",
                       "roffset = r0_offset", "rindex = r0_index"]
     else:
-        lines.append(f"{p}offset = tl.program_id({grid_dim}) * {axis.block}")
+        pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
+        lines.append(f"{p}offset = {pid} * {axis.block}")
         lines.append(f"{p}index = {p}offset + tl.arange(0, {axis.block}){sl}")
         lines.append(f"{p}mask = {p}index < {p}numel")
     return lines
@@ -514,7 +516,8 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
         head += _axis_lines(k, raxis, None, per_block=r0_block)
         head += _var_lines(raxis) + _var_lines(xaxis)
     else:
-        head += ["r0_base = tl.arange(0, R0_BLOCK)[None, :]", "rbase = r0_base"] + _var_lines(xaxis)
+        base = "tl.arange(0, R0_BLOCK)[None, :]" + (".to(tl.int64)" if k.index64 else "")
+        head += [f"r0_base = {base}", "rbase = r0_base"] + _var_lines(xaxis)
     # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
     # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
     top = TritonPrinter(k)
@@ -624,6 +627,19 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
     return pre + loop + post
 
 
+def _needs_int64(lowered) -> bool:
+    """True when some buffer of the graph spans 2^31 elements or more (int32 indices would wrap)."""
+    for b in lowered.inputs + lowered.buffers:
+        extent = sympy.sympify(b.layout.offset) + 1
+        for size, stride in zip(b.layout.shape, b.layout.stride):
+            extent += (sympy.sympify(size) - 1) * abs(sympy.sympify(stride))
+        numel = sympy.prod([sympy.sympify(s) for s in b.layout.shape]) if b.layout.shape else 1
+        for n in (extent, sympy.sympify(numel)):
+            if not n.is_Integer or int(n) >= 2**31:
+                return True
+    return False
+
+
 # ---- Printing a whole kernel ----
 
 
@@ -647,7 +663,7 @@ def _finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     sig = [rename[n] for n in params] + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {next_pow2(int(a.numel)) if a.numel.is_Integer else 8192}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
-    signature.update({nm: "i32" for nm in numels})
+    signature.update({nm: "i64" if k.index64 else "i32" for nm in numels})
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
     extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
         ", tile_hint=TileHint.DEFAULT" if len(k.axes) == 2 else "")

@@ -266,3 +266,16 @@ def test_listing_lines_appear_in_order(listing):
         except ValueError:
             missing.append(line)
     assert not missing, f"{listing}: lines not found in order in the golden: {missing}"
+
+
+def test_64_bit_indices_when_a_buffer_passes_2_31(monkeypatch):
+    """Indices are int64 in every kernel of a graph with a buffer of 2^31 elements or more."""
+    huge = stax.generate(lambda x: (x * 2).sum(), stax.randn(1).expand(2**31 + 5), device="cuda")
+    for src in huge.kernels.values():
+        assert "tl.program_id(0).to(tl.int64)" in src and "'xnumel': 'i64'" in src
+    small = stax.generate(lambda x: (x * 2).sum(), stax.randn(1000), device="cuda")
+    assert all("int64" not in src for src in small.kernels.values())
+    # the int64 form computes the same results (forced here on small inputs)
+    from stax import codegen_triton
+    monkeypatch.setattr(codegen_triton, "_needs_int64", lambda lowered: True)
+    check(lambda x: (stax.softmax(x, -1), (x * x).sum(0)), stax.randn(37, 300))
