@@ -524,6 +524,10 @@ class TritonKernel:
         if cuda.interpreting():
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
+            for name, a in zip(self.signature, args):      # no write outside any buffer
+                if hasattr(a, "_storage") and not a._storage.data.guards_intact():
+                    raise RuntimeError(f"{self.name} wrote outside {name} (a bug in the generated "
+                                       f"kernel):\n{self.source}")
             return
         aligned = not any(ptrs[i] & 15 for i in self.pointer_index)
         launcher = self._launcher(cfg, aligned)

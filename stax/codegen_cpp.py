@@ -11,7 +11,7 @@ values are C++ temporaries `tmpN` (with common-subexpression elimination).
 
 Where to look:
   - `CppPrinter` ......................... ops.* → C++ expressions (NaN-propagating max, half casts)
-  - `merge_dims` ......................... Prop. 6.3: merge loops j, j+1 when stride_j = size_{j+1}·stride_{j+1}
+  - `_loop_nest` ......................... Prop. 6.3's merged loops (`lower.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
   - `_reduction_kernel` .................. one pass over each row per phase; 16-lane accumulators
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
@@ -28,9 +28,9 @@ import sympy
 from . import cache
 from .runtime import storage_ctype
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
-from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype,
-                    index_vars, set_handler, simplify_index)
-from .schedule import _node_loops, _reads, dead_after, node_index, store_index
+from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars,
+                    merge_dims, set_handler, simplify_index)
+from .schedule import all_indices, dead_after, node_index, phases, store_index
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels
@@ -253,80 +253,6 @@ class CppPrinter:
         raise AttributeError(f"the C++ back end has no ops.{op}")
 
 
-# ---- Prop. 6.3: merging contiguous loop dimensions ----
-
-
-class _IndexCollector:
-    """ops handler collecting every index expression a body uses (loads and index_expr)."""
-
-    def __init__(self):
-        self.exprs = []
-
-    def load(self, name, index):
-        self.exprs.append(index)
-
-    def index_expr(self, expr, dtype):
-        self.exprs.append(expr)
-
-    def masked(self, mask, body, other):
-        return body()
-
-    def __getattr__(self, name):
-        return lambda *args: None
-
-
-def _all_indices(nodes, xvars, rvars) -> list:
-    exprs = []
-    for n in nodes:
-        c = _IndexCollector()
-        idx, ridx = node_index(n, xvars, rvars)
-        with set_handler(c):
-            n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
-        exprs += c.exprs
-        exprs.append(store_index(n, xvars, rvars))
-    return exprs
-
-
-def merge_dims(sizes, vars_, exprs, ranges):
-    """Merge loop dims j, j+1 whenever every index uses them as one (Prop. 6.3).
-
-    Dims j, j+1 merge when each index expression is affine in (v_j, v_{j+1}) with
-    coeff(v_j) = size_{j+1}·coeff(v_{j+1}): then c·(size_{j+1}·v_j + v_{j+1}) is c·v for one variable
-    v over size_j·size_{j+1}. Returns (sizes, variables, steps): `steps` are substitutions to apply,
-    in order, to every (simplified) index expression of the kernel; and the merged expressions.
-    """
-    sizes, vars_ = list(sizes), list(vars_)
-    exprs = [simplify_index(e, ranges) for e in exprs]
-    steps = []
-    j = len(sizes) - 2
-    while j >= 0:
-        a, b = vars_[j], vars_[j + 1]
-        if all(_mergeable(e, a, b, sizes[j + 1]) for e in exprs):
-            step = {a: sympy.Integer(0), b: a}      # a keeps the merged loop's name
-            exprs = [sympy.expand(e.subs(step, simultaneous=True)) for e in exprs]
-            steps.append(step)
-            sizes[j] = sizes[j] * sizes[j + 1]
-            del sizes[j + 1], vars_[j + 1]
-        j -= 1
-    return sizes, vars_, steps, exprs
-
-
-def _mergeable(e, a, b, size_b) -> bool:
-    if not e.has(a) and not e.has(b):
-        return True
-    for atom in e.atoms(sympy.Function):
-        if atom.has(a) or atom.has(b):
-            return False
-    e = sympy.expand(e)
-    ca, cb = e.coeff(a), e.coeff(b)
-    if (e - ca * a - cb * b).has(a, b):
-        return False                                # not affine in (a, b)
-    return sympy.expand(ca - size_b * cb) == 0
-
-
-# ---- Kernels ----
-
-
 @dataclass
 class KernelArgs:
     """Pointer parameters of one kernel, in the order they are first used."""
@@ -446,7 +372,7 @@ def _loop_nest(k: CppKernel, xsizes, rsizes):
     """
     xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
     k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
-    exprs = _all_indices(k.group.nodes, xvars, rvars)
+    exprs = all_indices(k.group.nodes, xvars, rvars)
     xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, exprs, k.ranges)
     rs, rm, rsteps, _ = merge_dims(rsizes, rvars, exprs, {})
     xnames, rnames = index_vars("x", len(xs)), index_vars("r", len(rs))
@@ -492,7 +418,7 @@ def _transpose_tile(k, xvars, names):
     if len(names) < 2:
         return None
     inner = names[-1]
-    for e in _all_indices(k.group.nodes, xvars, []):
+    for e in all_indices(k.group.nodes, xvars, []):
         e = k.final(e)
         if e.coeff(inner) == 1:
             continue
@@ -535,35 +461,11 @@ _COMBINE = {
 }
 
 
-def _phases(k: CppKernel):
-    """Split the group's nodes into row statements and loops over the reduction dims.
-
-    A loop phase ends where a later node needs a reduction that phase computes.
-    """
-    g = k.group
-    phases = []
-    for node in g.nodes:
-        x, r = _node_loops(node)
-        per_element = isinstance(node, Reduction) or (len(x) == len(g.ranges) + len(g.reduction_ranges) and g.reduction_ranges)
-        kind = "loop" if per_element else "row"
-        if kind == "row":
-            phases.append(("row", [node]))
-            continue
-        if phases and phases[-1][0] == "loop":
-            open_reductions = {n.name for n in phases[-1][1] if isinstance(n, Reduction)}
-            xv, rv = index_vars("x", len(g.ranges)), index_vars("r", len(g.reduction_ranges))
-            if not ({name for name, _ in _reads(node, xv, rv)} & open_reductions):
-                phases[-1][1].append(node)
-                continue
-        phases.append(("loop", [node]))
-    return phases
-
-
 def _reduction_kernel(k: CppKernel) -> list:
     g = k.group
     xvars, rvars, (xnames, xsizes), (rnames, rsizes) = _loop_nest(k, g.ranges, g.reduction_ranges)
     row = []
-    for phase, nodes in _phases(k):
+    for phase, nodes in phases(k.group):
         if phase == "row":
             for node in nodes:
                 p, value = k.body(node, xvars, rvars)

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from .codegen_cpp import _all_indices, _phases, merge_dims, _pyarg, _pyparams, _pyshape
-from .lower import (FloorDiv, ModularIndexing, Reduction, reduction_identity,
-                    index_vars, set_handler, simplify_index)
-from .schedule import dead_after, node_index, store_index
+from .codegen_cpp import _pyarg, _pyparams, _pyshape
+from .lower import (FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims,
+                    reduction_identity, set_handler, simplify_index)
+from .schedule import all_indices, dead_after, node_index, phases, store_index
 
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 
@@ -176,7 +176,7 @@ def _reduction_form(k) -> tuple:
     if not rnumel.is_Integer:
         return "red", None, hint
     limit = 1024 if inner else 64
-    if inner and len([p for p in _phases(k) if p[0] == "loop"]) > 1:
+    if inner and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
         # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) would be
         # read once per pass by a looped kernel; kept in registers it is read once. Measured on
         # the H200: 4096×32768 softmax 0.46 of the floor looped (three passes) against
@@ -409,7 +409,7 @@ def _setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
     """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes."""
     xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
     k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
-    exprs = _all_indices(k.group.nodes, xvars, rvars)
+    exprs = all_indices(k.group.nodes, xvars, rvars)
     xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, exprs, k.ranges)
     rs, rm, rsteps, exprs = merge_dims(rsizes, rvars, exprs, {})
     k.exprs = exprs
@@ -521,7 +521,7 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
     # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
     # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
     top = TritonPrinter(k)
-    for phase, nodes in _phases(k):
+    for phase, nodes in phases(k.group):
         if phase == "row":
             for node in nodes:
                 value = k.body(node, xvars, rvars, top)

@@ -1046,13 +1046,27 @@ class DeviceArray:
     owns host memory (a numpy array), which the interpreter reads and writes directly.
     """
 
+    GUARD = 256      # elements of guard zone on each side of an interpreted array
+
     def __init__(self, count: int, dtype):
         import numpy as np
         self.count, self.dtype = count, dtype          # a numpy dtype
         if interpreting():
-            self.host_array, self.buffer = np.empty(count, dtype), None
+            # guard zones around the array: a kernel that writes outside it is caught after launch
+            g = self.GUARD
+            self._guarded = np.empty(count + 2 * g, dtype)
+            self._guarded.view(np.uint8)[:] = 0xA5
+            self.host_array, self.buffer = self._guarded[g:g + count], None
         else:
             self.host_array, self.buffer = None, allocate(max(1, count * dtype.itemsize))
+
+    def guards_intact(self) -> bool:
+        """Under the interpreter: whether both guard zones still hold their fill pattern."""
+        import numpy as np
+        g = self.GUARD
+        raw = self._guarded.view(np.uint8)
+        n = g * self.dtype.itemsize
+        return bool((raw[:n] == 0xA5).all() and (raw[len(raw) - n:] == 0xA5).all())
 
     @property
     def ptr(self) -> int:

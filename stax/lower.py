@@ -16,6 +16,7 @@ Where to look:
   - reductions and their identities ................. `_lower_reduction`, `REDUCTION_IDENTITY`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`
   - fallback kernels (§6.1) ......................... `ExternKernel`, `FALLBACK_OPS`
+  - merging contiguous loops (Prop. 6.3) ............ `merge_dims` (both code generators call it)
   - the entry point ................................. `lower(graph, policy)`
 """
 from __future__ import annotations
@@ -870,3 +871,65 @@ def format_buffer(buf) -> str:
 
 def format_ir(lowered: LoweredGraph) -> str:
     return "\n\n".join(format_buffer(b) for b in lowered.buffers)
+
+
+# ---- Prop. 6.3: merging contiguous loop dimensions (used by both code generators) ----
+
+
+class IndexCollector:
+    """ops handler collecting every index expression a body uses (loads and index_expr)."""
+
+    def __init__(self):
+        self.exprs = []
+
+    def load(self, name, index):
+        self.exprs.append(index)
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(expr)
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def merge_dims(sizes, vars_, exprs, ranges):
+    """Merge loop dims j, j+1 whenever every index uses them as one (Prop. 6.3).
+
+    Dims j, j+1 merge when each index expression is affine in (v_j, v_{j+1}) with
+    coeff(v_j) = size_{j+1}·coeff(v_{j+1}): then c·(size_{j+1}·v_j + v_{j+1}) is c·v for one variable
+    v over size_j·size_{j+1}. Returns (sizes, variables, steps): `steps` are substitutions to apply,
+    in order, to every (simplified) index expression of the kernel; and the merged expressions.
+    """
+    sizes, vars_ = list(sizes), list(vars_)
+    exprs = [simplify_index(e, ranges) for e in exprs]
+    steps = []
+    j = len(sizes) - 2
+    while j >= 0:
+        a, b = vars_[j], vars_[j + 1]
+        if all(_mergeable(e, a, b, sizes[j + 1]) for e in exprs):
+            step = {a: sympy.Integer(0), b: a}      # a keeps the merged loop's name
+            exprs = [sympy.expand(e.subs(step, simultaneous=True)) for e in exprs]
+            steps.append(step)
+            sizes[j] = sizes[j] * sizes[j + 1]
+            del sizes[j + 1], vars_[j + 1]
+        j -= 1
+    return sizes, vars_, steps, exprs
+
+
+def _mergeable(e, a, b, size_b) -> bool:
+    if not e.has(a) and not e.has(b):
+        return True
+    for atom in e.atoms(sympy.Function):
+        if atom.has(a) or atom.has(b):
+            return False
+    e = sympy.expand(e)
+    ca, cb = e.coeff(a), e.coeff(b)
+    if (e - ca * a - cb * b).has(a, b):
+        return False                                # not affine in (a, b)
+    return sympy.expand(ca - size_b * cb) == 0
+
+
+# ---- Kernels ----

@@ -18,9 +18,6 @@ import importlib
 import importlib.util
 import json
 import os
-import weakref
-
-import numpy as np
 
 from . import cache
 
@@ -65,35 +62,6 @@ def storage_ctype(dtype) -> str:
 
 
 
-# §9.7's caching allocator, on the CPU: a fresh 128 MB output costs 32768 page faults per call
-# (measured: x.t() + y at 4096×8192 took 40 or 180 ms a call depending on whether the kernel got
-# huge pages); a block freed by the tensors that used it serves the next call of the same size.
-POOL_MIN_BYTES = 1 << 20
-POOL_PER_SIZE = 2
-_POOL: dict = {}
-
-
-def _give_back(key, block, exported):
-    free = _POOL.setdefault(key, [])
-    if not exported[0] and len(free) < POOL_PER_SIZE:
-        free.append(block)
-
-
-def empty_cpu(shape, dtype):
-    """A contiguous CPU tensor for a wrapper's buffer, from the pool when it is large."""
-    numel = 1
-    for s in shape:
-        numel *= s
-    if numel * dtype.itemsize < POOL_MIN_BYTES:
-        return T.empty(*shape, dtype=dtype)
-    key = (numel, dtype.name)
-    free = _POOL.get(key)
-    block = free.pop() if free else np.empty(numel, dtype.np)
-    storage = T.Storage(block, "cpu", [False])
-    weakref.finalize(storage, _give_back, key, block, storage.exported)
-    return T.Tensor._make(storage, T.Meta(tuple(shape), T._contig(shape), dtype, "cpu", 0))
-
-
 def cpu_wrapper_globals(ffi, lib) -> dict:
     """kernels (the dlopen'ed library), ptr(), empty(), the dtypes, and a thread-count prologue."""
     casts = {d: f"{storage_ctype(d)}[]" for d in T.DTYPES.values()}
@@ -107,7 +75,10 @@ def cpu_wrapper_globals(ffi, lib) -> dict:
             lib.stax_set_num_threads(T.get_num_threads())
             threads[0] = T.get_num_threads()
 
-    names = {"kernels": lib, "ptr": ptr, "empty": empty_cpu, "assert_size_stride": assert_size_stride,
+    def empty(shape, dtype):
+        return T.empty(*shape, dtype=dtype)
+
+    names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
              "extern_kernel": extern_kernel, "launch_prologue": launch_prologue}
     names.update({d.name: d for d in T.DTYPES.values()})
     return names

@@ -21,6 +21,8 @@ Where to look:
   - `loop_ranges`, `_node_loops` ............ a buffer's loop nest with size-1 dims dropped
   - `_reads` ................................ the loads a body makes (run with a collecting handler)
   - `_can_join` ............................. the fusion rule above
+  - `phases` ................................ one fused reduction kernel's passes over a row
+  - `all_indices` ........................... every index a group's bodies use (for Prop. 6.3)
   - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .lower import (ExternKernel, LoadCollector, Pointwise, Reduction, index_vars, set_handler,
-                    simplify_index)
+from .lower import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, index_vars,
+                    set_handler, simplify_index)
 
 # ---- Data types ----
 
@@ -228,6 +230,42 @@ def _is_elementwise(buf, group) -> bool:
     """True when a pointwise node in a reduction kernel runs per element (x + r), not per row."""
     return isinstance(buf, Pointwise) and len(group.reduction_ranges) > 0 and \
         _node_loops(buf)[0] == group.ranges + group.reduction_ranges
+
+
+def phases(group):
+    """Split the group's nodes into row statements and loops over the reduction dims.
+
+    A loop phase ends where a later node needs a reduction that phase computes.
+    """
+    g = group
+    phases = []
+    for node in g.nodes:
+        x, r = _node_loops(node)
+        per_element = isinstance(node, Reduction) or (len(x) == len(g.ranges) + len(g.reduction_ranges) and g.reduction_ranges)
+        kind = "loop" if per_element else "row"
+        if kind == "row":
+            phases.append(("row", [node]))
+            continue
+        if phases and phases[-1][0] == "loop":
+            open_reductions = {n.name for n in phases[-1][1] if isinstance(n, Reduction)}
+            xv, rv = index_vars("x", len(g.ranges)), index_vars("r", len(g.reduction_ranges))
+            if not ({name for name, _ in _reads(node, xv, rv)} & open_reductions):
+                phases[-1][1].append(node)
+                continue
+        phases.append(("loop", [node]))
+    return phases
+
+
+def all_indices(nodes, xvars, rvars) -> list:
+    exprs = []
+    for n in nodes:
+        c = IndexCollector()
+        idx, ridx = node_index(n, xvars, rvars)
+        with set_handler(c):
+            n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
+        exprs += c.exprs
+        exprs.append(store_index(n, xvars, rvars))
+    return exprs
 
 
 def dead_after(sched: Schedule, group_index: int, alive: set) -> list:
