@@ -394,11 +394,20 @@ class _InterpDtype:
         return f"torch.{self.name}"
 
 
+# One dtype object per name, for the life of the process: Triton's argument specialization may
+# remember a dtype object by identity, so a fresh object per call could be mistaken for an earlier,
+# freed one of another dtype (a float32 buffer read as float16).
+_INTERP_DTYPES: dict = {}
+
+
 class _InterpTensor:
     """The adapter: data_ptr, dtype, untyped_storage(), new_empty, set_, size, stride (DESIGN.md)."""
 
     def __init__(self, array, offset, dtype_name):
-        self.array, self.offset, self.dtype = array, offset, _InterpDtype(dtype_name)
+        dtype = _INTERP_DTYPES.get(dtype_name)
+        if dtype is None:
+            dtype = _INTERP_DTYPES[dtype_name] = _InterpDtype(dtype_name)
+        self.array, self.offset, self.dtype = array, offset, dtype
 
     def data_ptr(self):
         return self.array.ctypes.data + self.offset * self.array.itemsize
