@@ -33,7 +33,8 @@ from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_v
 from .schedule import all_indices, dead_after, node_index, phases, store_index
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
-TILE = 16           # 2-D tile edge for transposed pointwise kernels
+TILE = 16           # 2-D tile edge for transposed pointwise kernels (cache lines)
+PAGE_BLOCK = 64     # tiles are walked in blocks of this edge (pages: the TLB)
 PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
 
 
@@ -429,24 +430,34 @@ def _transpose_tile(k, xvars, names):
 
 
 def _tiled_loops(names, sizes, d, body, parallel):
-    """Loops over TILE×TILE tiles of dims (d, last): both the strided load and the store stay in cache."""
+    """Loops over dims (d, last) in TILE×TILE tiles grouped into PAGE_BLOCK×PAGE_BLOCK blocks.
+
+    A tile keeps both the strided load's cache lines and the store's in L1 (§8.2); a block keeps the
+    pages the strided side walks across few, so the TLB is not thrashed (with 4 KiB pages a 16×16
+    tile alone touches 16 new pages per 256 elements).
+    """
     a, b = names[d], names[-1]
     outer = [(v, s) for v, s in zip(names, sizes) if v not in (a, b)]
-    lines = []
-    tile_loops = [(f"{a}_tile", sizes[d]), (f"{b}_tile", sizes[-1])]
-    all_outer = outer + tile_loops
+    lines, depth = [], 0
+
+    def open_loop(text):
+        nonlocal depth
+        lines.append("    " * depth + text + " {")
+        depth += 1
+
+    block_loops = [(f"{a}_block", sizes[d]), (f"{b}_block", sizes[-1])]
     if parallel:
-        lines.append(f"#pragma omp parallel for collapse({len(all_outer)})")
-    depth = 0
+        lines.append(f"#pragma omp parallel for collapse({len(outer) + 2})")
     for v, s in outer:
-        lines.append("    " * depth + _for(v, s) + " {"); depth += 1
-    for v, s in tile_loops:
-        lines.append("    " * depth + _for(v, s, step=TILE) + " {"); depth += 1
-    lines.append("    " * depth + f"for (int64_t {a} = {a}_tile; {a} < stax_min<int64_t>({a}_tile + {TILE}, {cexpr(sizes[d])}); {a}++) {{")
-    depth += 1
+        open_loop(_for(v, s))
+    for v, s in block_loops:
+        open_loop(_for(v, s, step=PAGE_BLOCK))
+    for v, s in ((a, sizes[d]), (b, sizes[-1])):
+        end = f"stax_min<int64_t>({v}_block + {PAGE_BLOCK}, {cexpr(s)})"
+        open_loop(f"for (int64_t {v}_tile = {v}_block; {v}_tile < {end}; {v}_tile += {TILE})")
+    open_loop(f"for (int64_t {a} = {a}_tile; {a} < stax_min<int64_t>({a}_tile + {TILE}, {cexpr(sizes[d])}); {a}++)")
     lines.append("    " * depth + "#pragma omp simd")
-    lines.append("    " * depth + f"for (int64_t {b} = {b}_tile; {b} < stax_min<int64_t>({b}_tile + {TILE}, {cexpr(sizes[-1])}); {b}++) {{")
-    depth += 1
+    open_loop(f"for (int64_t {b} = {b}_tile; {b} < stax_min<int64_t>({b}_tile + {TILE}, {cexpr(sizes[-1])}); {b}++)")
     lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
     for dd in range(depth - 1, -1, -1):
         lines.append("    " * dd + "}")
