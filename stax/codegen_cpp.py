@@ -59,9 +59,6 @@ def ctype(dtype) -> str:
     return _CTYPE[dtype.name]
 
 
-
-
-
 def cliteral(value, dtype) -> str:
     if dtype == T.bool_:
         return "true" if value else "false"
