@@ -521,7 +521,10 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
     # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
     # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
     top = TritonPrinter(k)
-    for phase, nodes in phases(k.group):
+    plan = phases(k.group)
+    i = 0
+    while i < len(plan):
+        phase, nodes = plan[i]
         if phase == "row":
             for node in nodes:
                 value = k.body(node, xvars, rvars, top)
@@ -530,8 +533,13 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
                     top.lines.append(k.store(node, value, xvars, rvars))
         elif form == "per":
             _persistent_phase(k, nodes, xvars, rvars, top)
+        elif i + 1 < len(plan) and _online_softmax_pair(k, nodes, plan[i + 1], xvars, rvars):
+            # Prop. 9.1: the row max and the sum of exp(v - max) in one pass, as the pair (m, d)
+            top.lines += _online_phase(k, nodes[0], plan[i + 1][1][0], xvars, rvars)
+            i += 1
         else:
             top.lines += _looped_phase(k, nodes, xvars, rvars)
+        i += 1
     return form, head + top.lines, hint
 
 
@@ -576,6 +584,76 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
             k.locals[n.name] = value
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, value, xvars, rvars))
+
+
+# ---- §9.5 Online softmax (Prop. 9.1) for rows too long to keep in registers ----
+
+
+class _TreePrinter:
+    """An ops handler whose values are expression trees, to compare two bodies structurally."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def load(self, name, index):
+        return ("load", name, str(self.k.final(index)))
+
+    def masked(self, mask, body, other):
+        return ("masked", mask, body(), other)
+
+    def __getattr__(self, op):
+        return lambda *args: (op,) + tuple(a.name if hasattr(a, "itemsize") else a for a in args)
+
+
+def _tree(k, node, xvars, rvars):
+    idx, ridx = node_index(node, xvars, rvars)
+    with set_handler(_TreePrinter(k)):
+        return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+
+
+def _online_softmax_pair(k, nodes, next_phase, xvars, rvars) -> bool:
+    """This loop is `m = max_r v` and the next is `d = sum_r exp(v - m)` over the same v."""
+    if next_phase[0] != "loop" or len(nodes) != 1 or len(next_phase[1]) != 1:
+        return False
+    m, d = nodes[0], next_phase[1][0]
+    if not (isinstance(m, Reduction) and isinstance(d, Reduction)
+            and m.reduction_type == "amax" and d.reduction_type == "sum"
+            and m.src_dtype == d.src_dtype and m.src_dtype.is_floating_point):
+        return False
+    body = _tree(k, d, xvars, rvars)
+    if not (isinstance(body, tuple) and body[0] == "exp" and isinstance(body[1], tuple) and body[1][0] == "sub"):
+        return False
+    v, row_max = body[1][1], body[1][2]
+    return (v == _tree(k, m, xvars, rvars) and isinstance(row_max, tuple) and row_max[0] == "load"
+            and row_max[1] == m.name and not any(str(r) in row_max[2] for r in k.rvars_printed))
+
+
+def _online_phase(k, m, d, xvars, rvars) -> list:
+    """One pass over the row keeping (m, d) per lane: m' = max(m, v), d' = d·e^(m - m') + e^(v - m');
+    then the lanes are merged the same way (the pair is a monoid, Prop. 9.1)."""
+    nm, nd = k.new_tmp()[3:], k.new_tmp()[3:]
+    mask, ty = _reduce_mask(k), tl_dtype(m.src_dtype)
+    pre = [f'_tmp{nm} = tl.full([XBLOCK, R0_BLOCK], float("-inf"), {ty})',
+           f"_tmp{nd} = tl.full([XBLOCK, R0_BLOCK], 0, {ty})"]
+    p = TritonPrinter(k)
+    value = k.body(m, xvars, rvars, p)
+    v = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+    m_new = p._emit(f"triton_helpers.maximum(_tmp{nm}, {v})", m.src_dtype)
+    empty = p._emit(f'{m_new} == float("-inf")', T.bool_)      # nothing but -inf yet: e^(nan) would poison d
+    scale = p._emit(f"tl.where({empty}, 0.0, libdevice.exp(_tmp{nm} - {m_new}))", m.src_dtype)
+    term = p._emit(f"tl.where({empty}, 0.0, libdevice.exp({v} - {m_new}))", m.src_dtype)
+    p.lines.append(f"_tmp{nd} = tl.where({mask}, _tmp{nd} * {scale} + {term}, _tmp{nd})")
+    p.lines.append(f"_tmp{nm} = tl.where({mask}, {m_new}, _tmp{nm})")
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in p.lines]
+    post = [f"tmp{nm} = triton_helpers.max2(_tmp{nm}, 1)[:, None]",
+            f'tmp{nd} = tl.sum(tl.where(tmp{nm} == float("-inf"), 0.0, _tmp{nd} * libdevice.exp(_tmp{nm} - tmp{nm})), 1)[:, None]']
+    for node, num in ((m, nm), (d, nd)):
+        k.locals[node.name] = TVar(f"tmp{num}", node.src_dtype)
+        if node.name not in k.sched.kernel_local:
+            post.append(k.store(node, k.locals[node.name], xvars, rvars))
+    return pre + loop + post
 
 
 def _looped_phase(k, nodes, xvars, rvars) -> list:

@@ -153,6 +153,7 @@ MORE = {
     "unary": (lambda x: x.exp() + x.abs().log() + x.tanh() + x.erf() + x.abs() ** 2.5 + x // 3 + x.round(), [(300,)]),
     "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),
     "cat_half": (lambda x, y: stax.cat([x.half(), y.half()], 0).float() * 2, [(5, 3), (4, 3)]),
+    "online_softmax": (lambda x: stax.softmax(x, -1), [(300, 40000)]),
 }
 
 SM90_SCRIPT = """
@@ -286,3 +287,18 @@ def test_64_bit_indices_when_a_buffer_passes_2_31(monkeypatch):
     from stax import codegen_triton
     monkeypatch.setattr(codegen_triton, "_needs_int64", lambda lowered: True)
     check(lambda x: (stax.softmax(x, -1), (x * x).sum(0)), stax.randn(37, 300))
+
+
+def test_online_softmax_pair_for_rows_too_long_for_registers(monkeypatch):
+    """Prop. 9.1: a looped softmax computes the row max and the sum of exponentials in one pass,
+    as the pair (m, d); two passes over the row instead of three, and the same results as eager
+    (also for rows holding -inf, inf and NaN)."""
+    from stax import codegen_triton
+    monkeypatch.setattr(codegen_triton, "MULTI_PASS_PERSISTENT_LIMIT", 1024)   # rows of 2000 loop
+    x = stax.randn(300, 2000) * 4
+    x[1] = float("-inf")
+    x[2, 7] = float("inf")
+    x[3, 1999] = float("nan")
+    gen = check(lambda x: stax.softmax(x, -1), x)
+    (src,) = gen.kernels.values()
+    assert src.count("for r0_offset in tl.range") == 2 and "_tmp1 * tmp" in src
