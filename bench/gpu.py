@@ -36,6 +36,7 @@ WORKLOADS = {
     "ex6_2": (lambda x: (x * x).sum(-1), [(64, 4194304)]),
     "softmax": (lambda x: stax.softmax(x, -1), [(65536, 1000)]),
     "softmax:long": (lambda x: stax.softmax(x, -1), [(4096, 32768)]),
+    "softmax:verylong": (lambda x: stax.softmax(x, -1), [(2048, 65536)]),   # online (m, d), Prop. 9.1
     "layernorm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(65536, 4096), (4096,), (4096,)]),
     "gelu": (gelu_like, [(64 << 20,)]),
 }
@@ -92,6 +93,7 @@ def torch_time(name, shapes):
         "ex6_2": lambda x: (x * x).sum(-1),
         "softmax": lambda x: torch.softmax(x, -1),
         "softmax:long": lambda x: torch.softmax(x, -1),
+        "softmax:verylong": lambda x: torch.softmax(x, -1),
         "layernorm": lambda x, w, b: torch.nn.functional.layer_norm(x, (4096,), w, b),
         "gelu": lambda h: 0.7 * (0.5 * (1 + torch.erf(h * 0.7071067811865476)) + h * torch.exp(-0.5 * h * h) * 0.3989422804014327),
     }
