@@ -646,26 +646,51 @@ def _pyshape(shape) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def _wrapper(sched, calls) -> str:
-    """`call(args)`: check inputs, then per kernel allocate, launch, and `del` dead buffers (§7.5)."""
-    low = sched.lowered
+# ---- Wrapper pieces both back ends print ----
+
+
+def wrapper_prologue(low, assert_extra: str = "") -> list:
+    """`call(args)`'s first lines: unpack and clear the arguments, check each input's layout."""
     names = [b.name for b in low.inputs]
     lines = ["def call(args):"]
     if names:
         lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     lines.append("    args.clear()")
     for b in low.inputs:
-        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)})")
-    lines.append("    launch_prologue()")
-    defined = set(names)
+        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, "
+                     f"{_pyshape(b.layout.stride)}{assert_extra})")
+    return lines
+
+
+def wrapper_launches(sched, calls, indent: str) -> list:
+    """Each group's lines in launch order, each followed by `del` of the buffers it was the last
+    to read (§7.5)."""
+    lines, defined = [], {b.name for b in sched.lowered.inputs}
     for gi, call, new in calls:
-        lines += ["    " + line for line in call]
+        lines += [indent + line for line in call]
         defined |= new
         dead = dead_after(sched, gi, defined)
         if dead:
-            lines.append(f"    del {', '.join(dead)}")
+            lines.append(f"{indent}del {', '.join(dead)}")
             defined -= set(dead)
-    outs = [o if isinstance(o, str) else repr(o) for o in low.outputs]
+    return lines
+
+
+def extern_call(e, unbacked: dict, dtype_text: str) -> list:
+    """§6.1: a fallback kernel's line, and the data-dependent sizes (unbacked symbols) it defines."""
+    args = ", ".join(_pyarg(a) for a in e.inputs)
+    lines = [f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, {dtype_text})"]
+    for sym, (node_name, dim) in unbacked.items():
+        if node_name in e.origins:
+            lines.append(f"{sym} = {e.name}.shape[{dim}]")
+    return lines
+
+
+def _wrapper(sched, calls) -> str:
+    """`call(args)`: check inputs, then per kernel allocate, launch, and `del` dead buffers (§7.5)."""
+    outs = [o if isinstance(o, str) else repr(o) for o in sched.lowered.outputs]
+    lines = wrapper_prologue(sched.lowered) + ["    launch_prologue()"]
+    lines += wrapper_launches(sched, calls, "    ")
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 
@@ -678,11 +703,7 @@ def generate(sched) -> CppModule:
         call, new = [], set()
         if g.kind == "extern":
             e = g.nodes[0]
-            args = ", ".join(_pyarg(a) for a in e.inputs)
-            call.append(f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, {e.dtype.name})")
-            for sym, (node_name, dim) in low.unbacked.items():
-                if node_name in e.origins:
-                    call.append(f"{sym} = {e.name}.shape[{dim}]")
+            call += extern_call(e, low.unbacked, e.dtype.name)
             new.add(e.name)
         else:
             k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from .codegen_cpp import _pyarg, _pyparams, _pyshape
+from .codegen_cpp import _pyshape, extern_call, wrapper_launches, wrapper_prologue
 from .lower import (FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims,
                     reduction_identity, set_handler, simplify_index)
-from .schedule import all_indices, dead_after, node_index, phases, store_index
+from .schedule import all_indices, node_index, phases, store_index
 
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 
@@ -790,28 +790,10 @@ class TritonModule:
 
 
 def _wrapper(sched, calls) -> str:
-    low = sched.lowered
-    names = [b.name for b in low.inputs]
-    lines = ["def call(args):"]
-    if names:
-        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
-    lines.append("    args.clear()")
-    for b in low.inputs:
-        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, {_pyshape(b.layout.stride)}, 'input')")
-    lines.append("    with stax.cuda.device(0):")
-    defined, stream = set(names), False
-    for gi, call, new in calls:
-        for line in call:
-            if ".run(" in line and not stream:
-                lines.append("        raw_stream0 = get_raw_stream(0)")
-                stream = True
-            lines.append("        " + line)
-        defined |= new
-        dead = dead_after(sched, gi, defined)
-        if dead:
-            lines.append(f"        del {', '.join(dead)}")
-            defined -= set(dead)
-    outs = [o if isinstance(o, str) else repr(o) for o in low.outputs]
+    """Listing 9.6: check inputs, then under the device context allocate, launch, `del` (§7.5)."""
+    outs = [o if isinstance(o, str) else repr(o) for o in sched.lowered.outputs]
+    lines = wrapper_prologue(sched.lowered, ", 'input'") + ["    with stax.cuda.device(0):"]
+    lines += wrapper_launches(sched, calls, "        ")
     lines.append(f"    return ({', '.join(outs)}{', ' if len(outs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 
@@ -823,23 +805,21 @@ def generate(sched) -> TritonModule:
         call, new = [], set()
         if g.kind == "extern":
             e = g.nodes[0]
-            args = ", ".join(_pyarg(a) for a in e.inputs)
-            call.append(f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, stax.{e.dtype.name})")
-            for sym, (node_name, dim) in low.unbacked.items():
-                if node_name in e.origins:
-                    call.append(f"{sym} = {e.name}.shape[{dim}]")
+            call += extern_call(e, low.unbacked, f"stax.{e.dtype.name}")
             new.add(e.name)
         else:
             k = TritonKernel(len(kernels), g, sched)
             form, lines, hint = (_pointwise_kernel(k) if g.kind == "pointwise" else _reduction_kernel(k))
             name, src, params, numels = _finish(k, form, lines, hint)
-            kernels[name] = src
             for p in params:
                 if p not in allocated:
                     b = low.buffer(p)
                     call.append(f"{p} = empty_strided_cuda({_pyshape(b.layout.shape)}, "
                                 f"{_pyshape(b.layout.stride)}, stax.{b.dtype.name})")
                     new.add(p)
+            if not kernels:
+                call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
+            kernels[name] = src
             call.append(f"{name}.run({', '.join(params + numels)}, stream=raw_stream0)")
         allocated |= new
         calls.append((g.index, call, new))
