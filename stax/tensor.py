@@ -183,13 +183,9 @@ class Meta:
 
 @dataclass
 class Storage:
-    """Flat 1-D buffer of the storage dtype. A CUDA storage only has to provide the same fields.
-
-    `exported` is set once the memory has been handed out (numpy(), __array__, data_ptr()): a
-    caching allocator must not reuse it after the tensor dies, since someone may still hold it."""
+    """Flat 1-D buffer of the storage dtype. A CUDA storage only has to provide the same fields."""
     data: np.ndarray
     device: str = "cpu"
-    exported: list = None
 
 
 def _contig(shape):
@@ -271,8 +267,6 @@ class Tensor:
         storage = self._storage
         if storage is None:
             self._need_data("data_ptr()")
-        if storage.exported is not None:
-            storage.exported[0] = True
         base = storage.data.ctypes.data if storage.device == "cpu" else storage.data.ptr
         return base + self._meta.offset * self._meta.dtype.itemsize
 
@@ -304,13 +298,8 @@ class Tensor:
     def _compute(self):
         return _to_compute_form(self._np(), self.dtype)
 
-    def _export(self):
-        if self._storage is not None and self._storage.exported is not None:
-            self._storage.exported[0] = True
-
     def numpy(self):
         self._need_data("numpy()")
-        self._export()
         if self.device != "cpu":
             raise TypeError(f"can't convert {self.device}:0 device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
@@ -320,7 +309,6 @@ class Tensor:
 
     def __array__(self, dtype=None, copy=None):
         self._need_data("__array__")
-        self._export()
         a = self._compute() if self.dtype is bfloat16 else self._np()
         return a if dtype is None else a.astype(dtype)
 
