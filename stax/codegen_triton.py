@@ -29,7 +29,8 @@ import sympy
 from .codegen_cpp import _pyshape, extern_call, wrapper_launches, wrapper_prologue
 from .lower import (FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims,
                     reduction_identity, set_handler, simplify_index)
-from .schedule import all_indices, node_index, phases, store_index
+from .schedule import all_accesses, node_index, phases, store_index
+from .templates import mm_template, template_applies
 
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
 
@@ -137,7 +138,7 @@ def next_pow2(n: int) -> int:
 
 @dataclass
 class Axis:
-    """One program axis: 'y', 'x' or 'r0_', covering loop dims (listed outer to inner)."""
+    """One program axis: 'z', 'y', 'x' or 'r0_', covering loop dims (listed outer to inner)."""
     prefix: str
     dims: list                 # printed loop variables (sympy symbols), outer → inner
     sizes: list
@@ -151,18 +152,42 @@ class Axis:
         return "R0_BLOCK" if self.prefix == "r0_" else f"{self.prefix.upper()}BLOCK"
 
 
-def _choose_tiling(exprs, names) -> int:
-    """§9.3: 1 (one flat axis) or 2 (y × x tiles) — the tiling that coalesces more accesses.
+MAX_TILING_AXES = 3          # the chapter's default limit on program axes (x, y, z)
+GRID_LIMIT_YZ = 65535        # CUDA's limit on the grid's y and z extents
+MIN_OUTER_BLOCK = 16         # smallest YBLOCK/ZBLOCK of the candidate configurations
 
-    With one flat axis, an access is coalesced when it is contiguous (or constant) along the
-    innermost loop; a second axis is worth it only when some access is contiguous along an outer loop.
-    """
-    if len(names) < 2:
-        return 1
-    inner = names[-1]
-    score_1d = sum(1 for e in exprs if e.coeff(inner) in (0, 1))
-    score_2d = sum(1 for e in exprs if e.coeff(inner) in (0, 1) or any(e.coeff(v) == 1 for v in names[:-1]))
-    return 2 if score_2d > score_1d else 1
+
+def _tiling_score(cuts, names, exprs, weights) -> int:
+    """Bytes coalesced when the loop dims split into axes at `cuts`: an access is coalesced when it
+    is contiguous along the innermost dim of some axis (Triton reorders a block's accesses along
+    it), or constant along x, the axis a warp's threads are laid out on."""
+    bounds = list(cuts) + [len(names)]
+    inners = [names[b - 1] for b in bounds]
+    score = 0
+    for e, w in zip(exprs, weights):
+        e = sympy.sympify(e)
+        if e.coeff(inners[-1]) in (0, 1) or any(e.coeff(v) == 1 for v in inners[:-1]):
+            score += w
+    return score
+
+
+def _choose_tiling(exprs, weights, names, sizes) -> tuple:
+    """§9.3: where the loop dims split into program axes: () is one flat x axis, (c,) is
+    y = dims[:c] × x = dims[c:], (c1, c2) is z × y × x. Every split of at most MAX_TILING_AXES
+    axes is scored by the bytes it coalesces; the best wins, fewer axes on a tie."""
+    n = len(names)
+    splits = [()] + [(c,) for c in range(1, n)]
+    if MAX_TILING_AXES >= 3:
+        splits += [(a, b) for a in range(1, n) for b in range(a + 1, n)]
+    best, best_score = (), _tiling_score((), names, exprs, weights)
+    for cuts in splits[1:]:
+        outer = [sympy.prod(sizes[lo:hi]) for lo, hi in zip((0,) + cuts, cuts)]
+        if any(not sympy.sympify(o).is_Integer or int(o) > GRID_LIMIT_YZ * MIN_OUTER_BLOCK for o in outer):
+            continue                   # the y/z grid extents could not be launched
+        score = _tiling_score(cuts, names, exprs, weights)
+        if score > best_score:
+            best, best_score = cuts, score
+    return best
 
 
 MULTI_PASS_PERSISTENT_LIMIT = 32768
@@ -227,7 +252,7 @@ class TritonPrinter:
         return var
 
     def _shape1(self) -> str:
-        return "[1, 1]" if self.k.is_2d else "[1]"
+        return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
 
     def load(self, name, index):
         local = self.k.locals.get(name)
@@ -376,10 +401,6 @@ class TritonKernel:
         return expr
 
     # -- blocks and masks --
-    @property
-    def is_2d(self) -> bool:
-        return len(self.axes) == 2
-
     def block_shape(self) -> str:
         return "[" + ", ".join(a.block for a in self.axes) + "]"
 
@@ -409,16 +430,17 @@ def _setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
     """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes."""
     xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
     k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
-    exprs = all_indices(k.group.nodes, xvars, rvars)
-    xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, exprs, k.ranges)
+    accesses = all_accesses(k.group.nodes, xvars, rvars)
+    xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, [e for e, _ in accesses], k.ranges)
     rs, rm, rsteps, exprs = merge_dims(rsizes, rvars, exprs, {})
     k.exprs = exprs
-    tiling = _choose_tiling(exprs, xm) if (tiling_allowed and not rsizes) else 1
-    # name printed variables by position: y dims, then x dims, then r dims (Listings 9.1, 9.2)
-    if tiling == 2:
-        groups = [("y", xm[:-1], xs[:-1]), ("x", xm[-1:], xs[-1:])]
-    else:
-        groups = [("x", xm, xs)]
+    weights = [0 if name is None or name in k.sched.kernel_local else k.dtype_of(name).itemsize
+               for _, name in accesses]                     # bytes each access moves per element
+    cuts = _choose_tiling(exprs, weights, xm, xs) if (tiling_allowed and not rsizes) else ()
+    # name printed variables by position: z dims, y dims, x dims, then r dims (Listings 9.1, 9.2)
+    bounds = (0,) + cuts + (len(xm),)
+    prefixes = ["z", "y", "x"][3 - len(bounds) + 1:]
+    groups = [(p, xm[lo:hi], xs[lo:hi]) for p, lo, hi in zip(prefixes, bounds, bounds[1:])]
     if rsizes is not None and k.reduction:
         groups.append(("r0_", rm, rs))
     rename, axes, pos = {}, [], 0
@@ -441,9 +463,8 @@ def _setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
 
 def _axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> tuple:
     """The index/mask lines of one axis (Listing 9.1's part (2)) and its variable definitions."""
-    p, n = axis.prefix, len(k.axes)
-    slot = {0: "[:, None]", 1: "[None, :]"} if n == 2 else {0: "[:]"}
-    sl = slot[k.axes.index(axis)]
+    p, n, i = axis.prefix, len(k.axes), k.axes.index(axis)
+    sl = "[" + ", ".join(":" if j == i else "None" for j in range(n)) + "]"    # [:, None] for y of y × x
     lines = []
     if p == "r0_":
         if per_block is not None:
@@ -744,7 +765,7 @@ def _finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     signature.update({nm: "i64" if k.index64 else "i32" for nm in numels})
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
     extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
-        ", tile_hint=TileHint.DEFAULT" if len(k.axes) == 2 else "")
+        ", tile_hint=TileHint.DEFAULT" if len(k.axes) >= 2 else "")
     origins = ", ".join(dict.fromkeys(k.group.origins))
     src = (f"# {name}: computes {origins}\n"
            f"@triton_heuristics.{kind}(size_hints={{{size_hints}}}{extra}, signature={signature!r})\n"
@@ -803,7 +824,18 @@ def generate(sched) -> TritonModule:
     kernels, calls, allocated = {}, [], {b.name for b in low.inputs}
     for g in sched.groups:
         call, new = [], set()
-        if g.kind == "extern":
+        if g.kind == "extern" and template_applies(g.nodes[0], low):
+            e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
+            name, src, numels = mm_template(len(kernels), e, low)
+            call.append(f"{e.name} = empty_strided_cuda({_pyshape(e.layout.shape)}, "
+                        f"{_pyshape(e.layout.stride)}, stax.{e.dtype.name})")
+            new.add(e.name)
+            if not kernels:
+                call.append("raw_stream0 = get_raw_stream(0)")
+            kernels[name] = src
+            call.append(f"{name}.run({', '.join(list(e.inputs) + [e.name] + [str(v) for v in numels])}, "
+                        f"stream=raw_stream0)")
+        elif g.kind == "extern":
             e = g.nodes[0]
             call += extern_call(e, low.unbacked, f"stax.{e.dtype.name}")
             new.add(e.name)

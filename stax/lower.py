@@ -877,16 +877,19 @@ def format_ir(lowered: LoweredGraph) -> str:
 
 
 class IndexCollector:
-    """ops handler collecting every index expression a body uses (loads and index_expr)."""
+    """ops handler collecting every index expression a body uses (loads and index_expr), with the
+    buffer each load reads (None for an index_expr, which touches no memory)."""
 
     def __init__(self):
-        self.exprs = []
+        self.exprs, self.names = [], []
 
     def load(self, name, index):
         self.exprs.append(index)
+        self.names.append(name)
 
     def index_expr(self, expr, dtype):
         self.exprs.append(expr)
+        self.names.append(None)
 
     def masked(self, mask, body, other):
         return body()

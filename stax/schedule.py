@@ -22,7 +22,7 @@ Where to look:
   - `_reads` ................................ the loads a body makes (run with a collecting handler)
   - `_can_join` ............................. the fusion rule above
   - `phases` ................................ one fused reduction kernel's passes over a row
-  - `all_indices` ........................... every index a group's bodies use (for Prop. 6.3)
+  - `all_indices`, `all_accesses` ............ every index a group's bodies use (Prop. 6.3, §9.3)
   - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
 """
 from __future__ import annotations
@@ -256,16 +256,21 @@ def phases(group):
     return phases
 
 
-def all_indices(nodes, xvars, rvars) -> list:
-    exprs = []
+def all_accesses(nodes, xvars, rvars) -> list:
+    """(index, buffer) of every load, index_expr (buffer None) and store of a group's bodies."""
+    out = []
     for n in nodes:
         c = IndexCollector()
         idx, ridx = node_index(n, xvars, rvars)
         with set_handler(c):
             n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
-        exprs += c.exprs
-        exprs.append(store_index(n, xvars, rvars))
-    return exprs
+        out += list(zip(c.exprs, c.names))
+        out.append((store_index(n, xvars, rvars), n.name))
+    return out
+
+
+def all_indices(nodes, xvars, rvars) -> list:
+    return [e for e, _ in all_accesses(nodes, xvars, rvars)]
 
 
 def dead_after(sched: Schedule, group_index: int, alive: set) -> list:
