@@ -275,7 +275,12 @@ def _pow2_at_most(n: int, cap: int) -> int:
 def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> Config:
     """The heuristic configuration: what a kernel runs with before (or without) measurement."""
     x = int(numels.get("xnumel", 1))
+    if kind == "template":
+        from .templates import template_configs
+        return template_configs(numels)[0]
     if kind == "pointwise":
+        if "znumel" in numels:
+            return {"ZBLOCK": 16, "YBLOCK": 16, "XBLOCK": 16, "num_warps": 4, "num_stages": 1}
         if "ynumel" in numels:
             return {"YBLOCK": 32, "XBLOCK": 64, "num_warps": 4, "num_stages": 1}
         return {"XBLOCK": max(16, _pow2_at_most(x, 1024)), "num_warps": 4, "num_stages": 1}
@@ -291,6 +296,22 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
 
 
 MAX_CANDIDATES = 8      # compile + measure stays well under 2 s per kernel
+GRID_LIMIT = (2 ** 31 - 1, 65535, 65535)     # CUDA's grid extents along x, y, z
+
+
+def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
+    """Definition 9.1: ⌈numel / BLOCK⌉ programs along each axis (x on program_id(0))."""
+    def cdiv(a, b):
+        return -(-int(a) // b)
+    if kind == "template":
+        from .templates import template_grid
+        return template_grid(numels, cfg)
+    return tuple(cdiv(numels[f"{p}numel"], cfg[f"{p.upper()}BLOCK"]) if f"{p}numel" in numels else 1
+                 for p in "xyz")
+
+
+def fits_grid(grid: tuple) -> bool:
+    return all(g <= lim for g, lim in zip(grid, GRID_LIMIT))
 
 
 def autotune_enabled(options: dict) -> bool:
@@ -308,14 +329,18 @@ def tuning_space(kind: str, start: Config, numels: dict) -> dict:
             out.append(v)
             v *= 2
         return out
+    if kind == "template":
+        from .templates import template_tuning_space
+        return template_tuning_space(start)
     x = max(1, int(numels.get("xnumel", 1)))
     space = {"num_warps": [1, 2, 4, 8, 16, 32], "num_stages": [1, 2, 3]}
     if kind == "persistent_reduction":
         space["XBLOCK"] = pow2(1, max(1, min(64, _pow2_at_most(x, 64))))
     else:
         space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, 8192 if kind == "pointwise" else 1024)))
-    if "YBLOCK" in start:
-        space["YBLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get("ynumel", 1)), 1024)))
+    for axis in "YZ":
+        if f"{axis}BLOCK" in start:
+            space[f"{axis}BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get(f"{axis.lower()}numel", 1)), 1024)))
     if "R0_BLOCK" in start:
         space["R0_BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get("r0_numel", 1)), 16384)))
     for name, value in start.items():            # the start must lie in the space
@@ -333,7 +358,14 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
     x = max(1, int(numels.get("xnumel", 1)))
     base = default_config(kind, numels, reduction_hint, r0_block)
     out = [base]
-    if kind == "pointwise" and "ynumel" in numels:
+    if kind == "template":
+        from .templates import template_configs
+        out = template_configs(numels)
+    elif kind == "pointwise" and "znumel" in numels:
+        for zb, yb, xb, w in ((8, 16, 32, 4), (16, 16, 32, 8), (32, 8, 16, 4), (8, 32, 16, 4),
+                              (32, 32, 4, 4), (4, 32, 32, 4), (16, 16, 16, 8)):
+            out.append({"ZBLOCK": zb, "YBLOCK": yb, "XBLOCK": xb, "num_warps": w, "num_stages": 1})
+    elif kind == "pointwise" and "ynumel" in numels:
         for yb, xb, w in ((64, 64, 8), (64, 64, 16), (32, 32, 4), (16, 128, 4), (64, 128, 8), (128, 64, 8)):
             out.append({"YBLOCK": yb, "XBLOCK": xb, "num_warps": w, "num_stages": 1})
     elif kind == "pointwise":
@@ -359,7 +391,7 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
                 out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
     unique = []
     for c in out:
-        if c not in unique:
+        if c not in unique and (not unique or fits_grid(grid_for(kind, numels, c))):
             unique.append(c)
     return unique[:MAX_CANDIDATES]
 
@@ -432,6 +464,28 @@ class _InterpTensor:
         return (1,)
 
 
+def _fix_interpreter_bf16_dot():
+    """Triton 3.6's interpreter multiplies bfloat16 blocks as their raw 16-bit words (it stores
+    bfloat16 as uint16 and hands those to np.matmul). Widen them to float32 first, as the tensor
+    cores do; the accumulator is float32 either way. Done once, only under TRITON_INTERPRET=1."""
+    import numpy as np
+    from triton.runtime import interpreter
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_stax_bf16", False):
+        return
+    plain = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def widen(h):
+            if str(h.dtype.scalar) == "bf16":
+                words = h.data.astype(np.uint32) << 16
+                return interpreter.TensorHandle(words.view(np.float32), interpreter.tl.float32)
+            return h
+        return plain(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+    create_dot._stax_bf16 = True
+    builder.create_dot = create_dot
+
+
 _RECORDS: dict = {}      # Algorithm 9.1's records, in memory (also on disk under the cache dir)
 
 
@@ -496,9 +550,8 @@ class TritonKernel:
         return self._source if self._source is not None else self.fn.src
 
     def grid(self, numels: dict, cfg: Config) -> tuple:
-        gx = -(-int(numels.get("xnumel", 1)) // cfg["XBLOCK"])
-        gy = -(-int(numels["ynumel"]) // cfg["YBLOCK"]) if "ynumel" in numels else 1
-        return (gx, gy, 1)
+        """Definition 9.1: ⌈numel / BLOCK⌉ programs along each axis (x on program_id(0))."""
+        return grid_for(self.kind, numels, cfg)
 
     def choose_config(self, numels: dict, args=()) -> Config:
         if self.config is None:
@@ -527,10 +580,12 @@ class TritonKernel:
         numels = dict(zip(self.numel_names, args[len(args) - n:]))
         cfg = self.choose_config(numels, args)
         grid = self.grid(numels, cfg)
-        if grid[0] * grid[1] == 0:
+        if 0 in grid:
             return
         from . import cuda
         if cuda.interpreting():
+            if self.kind == "template":
+                _fix_interpreter_bf16_dot()
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             for name, a in zip(self.signature, args):      # no write outside any buffer
@@ -618,6 +673,9 @@ class TritonKernel:
     def _measure(self, cfg: Config, numels: dict, args) -> float:
         """Median time of one launch in ms (CUDA events, after a warm-up); inf if it cannot run."""
         from . import cuda
+        grid = self.grid(numels, cfg)
+        if not fits_grid(grid):
+            return math.inf                    # more programs along y or z than CUDA launches
         ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
         try:
             launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index))
@@ -625,7 +683,6 @@ class TritonKernel:
             return math.inf
         if launcher.kernel.local_size_bytes > 0:
             return math.inf                    # spills registers to local memory
-        grid = self.grid(numels, cfg)
         launcher(grid, ptrs)
         e0, e1 = cuda.Event(), cuda.Event()
         e0.record()
@@ -719,20 +776,4 @@ class triton_heuristics:  # noqa: N801  (the name the kernel text uses, as in th
     pointwise = staticmethod(_decorator("pointwise"))
     reduction = staticmethod(_decorator("reduction"))
     persistent_reduction = staticmethod(_decorator("persistent_reduction"))
-
-
-# ---- §9.6 Algorithm 9.1: measured choice among candidates (GPU; not yet written) ----
-#
-# To come here, beside the search functions above (see issue 4):
-#   - candidate sets from a kernel's form (pointwise 1-D/2-D/3-D, looped / persistent / split
-#     reduction), its size_hints and reduction direction, and the decorators the kernel text
-#     calls as `triton_heuristics.pointwise / .reduction / .persistent_reduction`;
-#   - Algorithm 9.1: the record keyed by (kernel source hash, candidate list, GPU name and
-#     compute capability, Triton version) looked up first; a single candidate returned
-#     unmeasured; compile each candidate, cost inf on a compile failure or register spill
-#     (local memory size of the loaded kernel); time the rest with CUDA events after a
-#     warm-up, median of repeats; outputs and in-place buffers protected while candidates run;
-#   - the record written atomically under STAX_CACHE_DIR and kept in memory;
-#   - STAX_LOGS=autotune output (candidates, times, choice) and a progress line;
-#   - mode="max-autotune": coordinate_descent from the best candidate, or
-#     options={"autotune_search": "random"}: random_search with samples_for_quantile(q, delta).
+    template = staticmethod(_decorator("template"))

@@ -154,6 +154,9 @@ MORE = {
     "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),
     "cat_half": (lambda x, y: stax.cat([x.half(), y.half()], 0).float() * 2, [(5, 3), (4, 3)]),
     "online_softmax": (lambda x: stax.softmax(x, -1), [(300, 40000)]),
+    "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(7, 40, 33), (40, 33, 7), (33, 7, 40)]),
+    "mm": (lambda a, b, c: stax.relu(a @ b + c), [(70, 33), (33, 45), (45,)]),
+    "bmm_half": (lambda a, b: (a.half() @ b.half()).float(), [(3, 20, 40), (3, 40, 24)]),
 }
 
 SM90_SCRIPT = """
@@ -302,3 +305,80 @@ def test_online_softmax_pair_for_rows_too_long_for_registers(monkeypatch):
     gen = check(lambda x: stax.softmax(x, -1), x)
     (src,) = gen.kernels.values()
     assert src.count("for r0_offset in tl.range") == 2 and "_tmp1 * tmp" in src
+
+
+# ---- §9.3 three-dimensional tiles ----
+
+
+def test_3d_tiling_when_each_access_is_contiguous_along_another_dim():
+    """Three inputs contiguous along three different dims: only z × y × x tiles coalesce all four
+    accesses; the kernel has ZBLOCK and a third grid axis, and agrees with numpy."""
+    x, y, z = stax.randn(7, 40, 33), stax.randn(40, 33, 7), stax.randn(33, 7, 40)
+    fn = lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0)   # noqa: E731
+    gen = check(fn, x, y, z)
+    (src,) = gen.kernels.values()
+    assert "ZBLOCK" in src and "tl.program_id(2)" in src and "[:, None, None]" in src
+    # two directions need two axes, one needs one (Listings 9.2 and 9.1's rule)
+    (src2,) = stax.generate(lambda x, y: x + y.permute(1, 0, 2), stax.randn(6, 5, 4), stax.randn(5, 6, 4),
+                            device="cuda").kernels.values()
+    assert "ZBLOCK" not in src2 and "YBLOCK" not in src2
+    (src3,) = stax.generate(lambda x, y: x + y.permute(2, 1, 0), stax.randn(6, 5, 4), stax.randn(4, 5, 6),
+                            device="cuda").kernels.values()
+    assert "ZBLOCK" not in src3 and "YBLOCK" in src3
+
+
+def test_tiling_respects_the_grid_limit_on_y_and_z():
+    """y and z may have at most 65535 programs: a transpose with a huge outer axis stays 1-D."""
+    from stax.codegen_triton import GRID_LIMIT_YZ, MIN_OUTER_BLOCK
+    n = GRID_LIMIT_YZ * MIN_OUTER_BLOCK + 1
+    (src,) = stax.generate(lambda x: x.t() + 1, stax.randn(1).expand(2, n), device="cuda").kernels.values()
+    assert "YBLOCK" not in src
+
+
+# ---- §9.8 the plain tl.dot template ----
+
+
+@pytest.mark.parametrize("name,fn,shapes", [
+    ("mm_bias_relu", lambda a, b, c: stax.relu(a @ b + c), [(70, 33), (33, 45), (45,)]),
+    ("transposed", lambda a, b: a @ b.t(), [(7, 9), (13, 9)]),
+    ("batched_broadcast", lambda a, b: a @ b, [(3, 1, 5, 9), (4, 9, 6)]),
+    ("vector_left", lambda a, b: a @ b, [(9,), (9, 6)]),
+    ("vector_right", lambda a, b: a @ b, [(5, 9), (9,)]),
+    ("one", lambda a, b: a @ b, [(1, 1), (1, 1)]),
+    ("empty_k", lambda a, b: a @ b + 1, [(4, 0), (0, 3)]),
+    ("long_k", lambda a, b: a @ b, [(17, 1000), (1000, 19)]),
+])
+def test_matmul_runs_as_a_triton_template(name, fn, shapes):
+    args = [stax.randn(*s) for s in shapes]
+    out, _, gen = run_cuda(fn, *args)
+    ref = fn(*[a.double() for a in args])                   # a float64 reference
+    k = shapes[0][-1]
+    # float32 sums of k products: the error grows like √k (any summation order)
+    assert_close(out.cpu(), ref, stax.float32, atol=1e-5 * max(1.0, k ** 0.5))
+    (src,) = [s for k, s in gen.kernels.items() if k.startswith("triton_tem_fused_mm_")]
+    for line in ("width = GROUP_M * grid_n", "group_id = pid // width",
+                 "group_size = min(grid_m - group_id * GROUP_M, GROUP_M)",
+                 "pid_m = group_id * GROUP_M + (pid % group_size)", "pid_n = (pid % width) // group_size"):
+        assert line in src                                   # §9.8's grouped numbering (Prop. 9.4)
+    assert "extern_kernel" not in gen.module.source
+
+
+def test_matmul_template_dtypes_nan_and_fallbacks(monkeypatch):
+    a, b = stax.randn(20, 40), stax.randn(40, 24)
+    for dt in (stax.float16, stax.bfloat16):
+        gen = check(lambda a, b: (a @ b).float(), a.to(dt), b.to(dt), dtype=dt)
+        assert any(k.startswith("triton_tem") for k in gen.kernels)
+    a[3, 5] = float("nan")
+    b[7, 2] = float("inf")
+    check(lambda a, b: a @ b, a, b)            # NaN fills row 3; inf column 2 (NaN where 0 * inf)
+    # integer and float64 matmuls have no template: they run eagerly through the host
+    ints = stax.arange(12).reshape(3, 4)
+    gen = check(lambda a, b: a @ b, ints, ints.t() + 1)
+    assert "extern_kernel('matmul'" in gen.module.source and not gen.kernels
+    gen = check(lambda a, b: a @ b, a.double(), b.double())
+    assert "extern_kernel('matmul'" in gen.module.source
+    # 64-bit offsets, forced on small inputs, give the same results
+    from stax import templates
+    monkeypatch.setattr(templates, "INT32_LIMIT", 1)
+    gen = check(lambda a, b: a @ b, stax.randn(2, 9, 20), stax.randn(2, 20, 11))
+    assert "tl.program_id(1).to(tl.int64)" in next(iter(gen.kernels.values()))
