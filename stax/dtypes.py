@@ -1,0 +1,103 @@
+"""Data types: Stax's dtypes, PyTorch's promotion rules, and the numpy forms values take.
+
+A `DType` names two numpy dtypes: the *storage* form (what a buffer holds: bfloat16 is stored as
+16-bit words) and the *compute* form (what eager arithmetic runs in: half types compute in float32,
+§6.2). This module consumes nothing of Stax (numpy only) and produces the dtype constants
+(`float32` ... `bool_`, `DTYPES`, PyTorch's aliases in `_ALIASES`), the promotion lattice, and the
+conversions between the two forms. `tensor.py` re-exports all of it (`stax.tensor.float32`,
+`T.DTYPES`, `T.DType`); the one dtype rule that looks at tensors, `result_type`, lives there.
+
+Where to look:
+  - the dtypes:                DType, float32 ... bool_, DTYPES, _ALIASES, _FROM_NP
+  - promotion:                 promote_types, _combine (result_type is in tensor.py), can_cast
+  - storage and compute forms: _to_storage_form, _to_compute_form
+"""
+import numpy as np
+
+
+# ---- Data types ----
+
+
+class DType:
+    """A Stax dtype: `np` is the storage dtype, `compute` the numpy dtype arithmetic runs in."""
+
+    def __init__(self, name, torch_name, itemsize, kind, np_storage, np_compute):
+        self.name, self._tname, self.itemsize, self.kind = name, torch_name, itemsize, kind
+        self.np, self.compute = np.dtype(np_storage), np.dtype(np_compute)
+        self.is_floating_point = kind == "f"
+
+    def __repr__(self):
+        return f"stax.{self.name}"
+
+    def __reduce__(self):  # pickles (for the cache) as a reference to the module constant
+        return (_dtype_by_name, (self.name,))
+
+
+float32 = DType("float32", "Float", 4, "f", np.float32, np.float32)
+float64 = DType("float64", "Double", 8, "f", np.float64, np.float64)
+float16 = DType("float16", "Half", 2, "f", np.float16, np.float32)      # §6.2: computed in float32
+bfloat16 = DType("bfloat16", "BFloat16", 2, "f", np.uint16, np.float32)  # stored as 16-bit words
+int32 = DType("int32", "Int", 4, "i", np.int32, np.int32)
+int64 = DType("int64", "Long", 8, "i", np.int64, np.int64)
+bool_ = DType("bool", "Bool", 1, "b", np.bool_, np.bool_)
+DTYPES = {d.name: d for d in (float32, float64, float16, bfloat16, int32, int64, bool_)}
+# PyTorch's aliases. `bool`, `int`, `float` must not shadow builtins, so they are reachable only
+# as attributes: tensor.py's PEP 562 module __getattr__ (stax.tensor.bool) and stax.bool.
+_ALIASES = dict(DTYPES, float=float32, double=float64, half=float16, int=int32, long=int64)
+_FROM_NP = {np.dtype(np.float32): float32, np.dtype(np.float64): float64,
+            np.dtype(np.float16): float16, np.dtype(np.int32): int32,
+            np.dtype(np.int64): int64, np.dtype(np.bool_): bool_}
+_HALF = (float16, bfloat16)
+
+
+def _dtype_by_name(name):
+    return DTYPES[name]
+
+
+def promote_types(a, b):
+    """PyTorch's promotion lattice: bool < int32 < int64 < float16, bfloat16 < float32 < float64."""
+    if a is b:
+        return a
+    if a is bool_ or b is bool_:
+        return b if a is bool_ else a
+    if a.is_floating_point != b.is_floating_point:
+        return a if a.is_floating_point else b
+    if {a, b} == {float16, bfloat16}:
+        return float32
+    return a if a.itemsize >= b.itemsize else b
+
+
+def _scalar_dtype(s):
+    return bool_ if isinstance(s, bool) else int64 if isinstance(s, int) else float32
+
+
+def _combine(higher, lower):
+    # c10's combine_categories: a lower-priority group only matters if it is of a higher category
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    if higher.is_floating_point:
+        return higher
+    if higher is bool_ or lower.is_floating_point:
+        return promote_types(higher, lower)
+    return higher
+
+
+def can_cast(frm, to):  # c10::canCast, for in-place results
+    if frm.is_floating_point and not to.is_floating_point:
+        return False
+    return not (frm is not bool_ and to is bool_)
+
+
+def _to_storage_form(a, dtype):
+    """A numpy array in compute form -> the same values in `dtype`'s storage form (rounding once)."""
+    if dtype is bfloat16:
+        u = np.asarray(a, np.float32).view(np.uint32)
+        rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)  # nearest-even
+        return np.where(np.isnan(a), ((u >> 16) | 0x40).astype(np.uint16), rounded)  # keep NaN
+    return np.asarray(a).astype(dtype.np, copy=False)
+
+
+def _to_compute_form(a, dtype):
+    if dtype is bfloat16:   # np.asarray: a 0-d shift gives a numpy scalar, not a 0-d array
+        return np.asarray(a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32) if dtype is float16 else a
