@@ -4,27 +4,25 @@ DESIGN.md, section "Runtime" (GPU bullet) and the book's section 9.7 (caching al
 CuPy or cuda-python underneath: ``cffi.FFI().dlopen("libcuda.so.1")``, no C compiler needed.
 
 What it consumes / produces
-  * consumes: cubins made by Triton (``compile_triton`` below wraps ``triton.compile`` for a target
-    with no GPU present), numpy arrays for host<->device copies;
-  * produces: ``DeviceBuffer`` (device memory from the caching allocator), ``Kernel`` / ``Launcher``
-    (a loaded cubin function plus a launch path whose argument array is built once), ``Event``,
-    ``Graph`` (CUDA-graph capture of the default stream), ``DeviceProperties``.
+  * consumes: numpy arrays for host<->device copies, and (through cuda_triton.py) cubins;
+  * produces: ``DeviceBuffer`` (device memory from the caching allocator), ``Stream``, ``Event``,
+    ``Graph`` (CUDA-graph capture of the default stream), ``DeviceProperties``, and ``_state`` (the
+    driver's handles) that cuda_triton.py launches with.
 
 Parts (banners below): driver binding & lazy init; errors; device properties; caching allocator;
-copies; streams & events; modules & launch (``Kernel``, ``Launcher``); Triton compile helper;
-CUDA graphs.
+copies; streams & events; CUDA graphs. The Triton side -- modules & launch (``Kernel``,
+``Launcher``), the Triton compile helper, and the storage of "cuda" tensors (``DeviceArray``, host
+memory under Triton's interpreter) -- is in cuda_triton.py; its names stay reachable from here
+(``stax.cuda.Launcher``), loaded at the first use of one (the last banner).
 
 Rules kept here
-  * importing this module touches neither the driver nor triton; the first real use initialises
-    (cuInit, primary context of device 0, one created stream -- not the legacy NULL stream, so that
-    CUDA graphs can capture it). ``is_available()`` never raises.
+  * importing this module touches neither the driver nor triton (nor cuda_triton.py); the first real
+    use initialises (cuInit, primary context of device 0, one created stream -- not the legacy NULL
+    stream, so that CUDA graphs can capture it). ``is_available()`` never raises.
   * every driver call is checked; failures raise ``CudaError`` with the driver's error name, e.g.
     ``CUDA_ERROR_OUT_OF_MEMORY in cuMemAlloc_v2(1099511627776 bytes)``.
   * all work goes on the one default stream, so stream order makes reuse of freed blocks safe.
   * launches are asynchronous; ``synchronize()`` waits; ``copy_device_to_host`` syncs first.
-  * Triton >= 3.5 kernels take trailing scratch pointers (global_scratch, profile_scratch) after the
-    user arguments; ``Launcher`` passes NULL when the metadata's size is 0, otherwise a buffer of
-    ``size * grid programs * num_ctas`` bytes (Triton's own launcher rule), kept by the launcher.
 
 Where to look: tests/test_cuda.py (CPU and ``gpu``-marked tests), bench/cuda_runtime_check.py
 (device checks and timings).
@@ -33,8 +31,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import importlib
 import os
-import struct
 import threading
 import time
 
@@ -751,363 +749,6 @@ class Event:
 
 
 # ======================================================================================
-# Modules and launch
-# ======================================================================================
-
-# Triton signature spelling -> (struct code for one 8-byte slot, is pointer)
-_ARG_CODES = {
-    "i1": "i4x", "i8": "i4x", "i16": "i4x", "i32": "i4x",
-    "u1": "I4x", "u8": "I4x", "u16": "I4x", "u32": "I4x",
-    "i64": "q", "u64": "Q",
-    "fp16": "f4x", "bf16": "f4x", "fp32": "f4x", "f32": "f4x",
-    "fp64": "d",
-}
-
-
-def _arg_code(ty: str) -> str:
-    if ty.startswith("*"):
-        return "Q"
-    try:
-        return _ARG_CODES[ty]
-    except KeyError:
-        raise ValueError(f"unsupported kernel argument type {ty!r} (pointer '*fp32', 'i32', 'i64', "
-                         f"'fp32', 'fp64', ...)") from None
-
-
-class Kernel:
-    """One function of a loaded cubin. ``launch(grid, args, signature)`` launches it."""
-
-    def __init__(self, module, function, name: str, shared_mem: int, num_warps: int, cubin: bytes):
-        st = _state
-        self.module, self.function, self.name = module, function, name
-        self.shared_mem, self.num_warps = int(shared_mem), int(num_warps)
-        self._cubin = cubin          # keep the image alive with the module
-        self._launchers: dict = {}
-        v = st.ffi.new("int*")
-
-        def fattr(a):
-            _check(st.lib.cuFuncGetAttribute(v, a, function), "cuFuncGetAttribute", f"{name}, {a}")
-            return v[0]
-
-        self.num_regs = fattr(CU_FUNC_ATTRIBUTE_NUM_REGS)
-        self.local_size_bytes = fattr(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
-        self.static_shared_bytes = fattr(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-        self.max_threads_per_block = fattr(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
-
-    def launcher(self, signature, **kw) -> "Launcher":
-        return Launcher(self, signature, **kw)
-
-    def launch(self, grid, args, signature, **kw) -> None:
-        """Launch with a Launcher cached per signature (kw: Launcher's scratch options).
-
-        For the lowest host cost keep the Launcher (``kernel.launcher(signature)``) and call it."""
-        key = tuple(signature.values()) if isinstance(signature, dict) else tuple(signature)
-        lz = self._launchers.get(key)
-        if lz is None:
-            lz = self._launchers[key] = Launcher(self, list(key), **kw)
-        lz.launch(grid, args)
-
-    def __repr__(self):
-        return (f"Kernel({self.name!r}, num_warps={self.num_warps}, shared_mem={self.shared_mem}, "
-                f"regs={self.num_regs})")
-
-
-def load_kernel(cubin: bytes, name: str, shared_mem: int = 0, num_warps: int = 4) -> Kernel:
-    """cuModuleLoadData + cuModuleGetFunction; raises the dynamic shared-memory limit past 48 KiB."""
-    st = init()
-    _ctx_current()
-    ffi, lib = st.ffi, st.lib
-    image = ffi.from_buffer(cubin) if not isinstance(cubin, str) else ffi.new("char[]", cubin.encode())
-    mod = ffi.new("CUmodule*")
-    _check(lib.cuModuleLoadData(mod, image), "cuModuleLoadData", f"{len(cubin)} bytes, {name}")
-    fn = ffi.new("CUfunction*")
-    _check(lib.cuModuleGetFunction(fn, mod[0], name.encode()), "cuModuleGetFunction", name)
-    if shared_mem > 49152:
-        optin = get_device_properties().max_shared_memory_per_block_optin
-        v = ffi.new("int*")
-        _check(lib.cuFuncGetAttribute(v, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn[0]),
-               "cuFuncGetAttribute", name)
-        if shared_mem + v[0] > optin:
-            raise ValueError(f"kernel {name} needs {shared_mem} B of dynamic shared memory (+{v[0]} "
-                             f"static); the device allows {optin} B per block")
-        # Triton's rule: allow everything the block may opt into, minus the static part.
-        _check(lib.cuFuncSetAttribute(fn[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                      optin - v[0]),
-               "cuFuncSetAttribute", f"{name}, MAX_DYNAMIC_SHARED_SIZE_BYTES={optin - v[0]}")
-    return Kernel(mod[0], fn[0], name, shared_mem, num_warps, cubin)
-
-
-class Launcher:
-    """Launch path for one kernel and one argument signature, built once.
-
-    ``signature``: Triton's spelling per parameter, e.g. ``["*fp32", "*fp32", "i32"]``
-    ("constexpr" entries, or a dict's values, are accepted and dropped). The void*[] parameter array
-    and one 8-byte slot per parameter are allocated once; ``launch`` packs the values into the slots
-    with one ``struct.pack_into`` and calls cuLaunchKernel. ``num_scratch_params`` trailing pointer
-    parameters follow the user's (Triton 3.5+: global_scratch, profile_scratch); each is NULL when its
-    size is 0, otherwise a buffer of ``size * gridX*gridY*gridZ * num_ctas`` bytes owned by the
-    launcher (grown when a larger grid needs it; fine for graph capture since it is never freed while
-    the launcher lives).
-    """
-
-    def __init__(self, kernel: Kernel, signature, *, num_scratch_params: int = 0,
-                 global_scratch_size: int = 0, global_scratch_align: int = 1,
-                 profile_scratch_size: int = 0, profile_scratch_align: int = 1,
-                 num_ctas: int = 1, stream: Stream | None = None):
-        st = init()
-        ffi = st.ffi
-        if isinstance(signature, dict):
-            signature = list(signature.values())
-        sig = [s for s in signature if s != "constexpr"]
-        if num_ctas != 1:
-            raise NotImplementedError("num_ctas > 1 (thread-block clusters) is not supported")
-        self.kernel = kernel
-        self.signature = sig
-        self.nargs = len(sig)
-        self._ptr_idx = tuple(i for i, s in enumerate(sig) if s.startswith("*"))
-        nparams = self.nargs + num_scratch_params
-        self._buf = ffi.new("char[]", 8 * max(nparams, 1))     # 8-byte aligned slots
-        self._params = ffi.new("void*[]", max(nparams, 1))
-        for i in range(nparams):
-            self._params[i] = self._buf + 8 * i
-        self._pack_into = struct.Struct("<" + "".join(_arg_code(s) for s in sig)).pack_into
-        self._mem = ffi.buffer(self._buf)
-        self._func = kernel.function
-        self._block = 32 * kernel.num_warps
-        self._shared = kernel.shared_mem
-        self._stream = (stream or st.stream).handle
-        self._call = st.lib.cuLaunchKernel
-        self._null = ffi.NULL
-        # scratch: (slot index, bytes per program, buffer or None)
-        self._scratch = []
-        sizes = [global_scratch_size, profile_scratch_size][:num_scratch_params]
-        for j in range(num_scratch_params):
-            size = sizes[j] if j < len(sizes) else 0
-            struct.pack_into("<Q", self._mem, 8 * (self.nargs + j), 0)
-            if size:
-                self._scratch.append([self.nargs + j, int(size) * num_ctas, None])
-
-    def _ensure_scratch(self, programs: int) -> None:
-        for ent in self._scratch:
-            need = ent[1] * programs
-            buf = ent[2]
-            if buf is None or buf.nbytes < need:
-                ent[2] = buf = allocate(need)
-                struct.pack_into("<Q", self._mem, 8 * ent[0], buf.ptr)
-
-    def launch(self, grid, args) -> None:
-        """Queue one launch on the launcher's stream. grid: int or tuple of 1-3 ints."""
-        if grid.__class__ is tuple and len(grid) == 3:
-            gx, gy, gz = grid
-        elif isinstance(grid, int):
-            gx, gy, gz = grid, 1, 1
-        else:
-            g = tuple(grid) + (1, 1)
-            gx, gy, gz = g[0], g[1], g[2]
-        if self._ptr_idx:
-            args = list(args)
-            for i in self._ptr_idx:
-                a = args[i]
-                if a.__class__ is not int:
-                    args[i] = 0 if a is None else a.ptr
-        try:
-            self._pack_into(self._mem, 0, *args)
-        except struct.error as e:
-            raise TypeError(f"{self.kernel.name}: arguments {list(args)!r} do not match the "
-                            f"signature {self.signature}: {e}") from None
-        if self._scratch:
-            self._ensure_scratch(gx * gy * gz)
-        if gx * gy * gz == 0:
-            return
-        rc = self._call(self._func, gx, gy, gz, self._block, 1, 1, self._shared, self._stream,
-                        self._params, self._null)
-        if rc:
-            _check(rc, "cuLaunchKernel", f"{self.kernel.name}, grid=({gx}, {gy}, {gz}), "
-                                         f"block={self._block}, shared={self._shared}")
-
-    __call__ = launch
-
-
-# ======================================================================================
-# Triton compile helper (no GPU needed)
-# ======================================================================================
-
-@dataclasses.dataclass(frozen=True)
-class TritonKernelInfo:
-    """What a launch needs from Triton's compiled metadata (plain values: cacheable as JSON)."""
-    name: str
-    num_warps: int
-    num_stages: int
-    shared: int
-    num_ctas: int = 1
-    global_scratch_size: int = 0
-    global_scratch_align: int = 1
-    profile_scratch_size: int = 0
-    profile_scratch_align: int = 1
-    num_scratch_params: int = 2      # trailing pointer params of the PTX entry after user args
-    num_user_params: int = 0
-    launch_cooperative_grid: bool = False
-    launch_pdl: bool = False
-    triton_version: str = ""
-    arch: str = ""
-
-
-def _ptx_entry_param_count(ptx: str, name: str) -> int | None:
-    i = ptx.find(f".entry {name}(")
-    if i < 0:
-        return None
-    j = ptx.find(")", i)
-    return ptx[i:j].count(".param")
-
-
-def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warps: int = 4,
-                   num_stages: int = 3, cc: int = 90, attrs: dict | None = None):
-    """Compile a @triton.jit function for sm_{cc} without a GPU.
-
-    signature: {arg name: "*fp32" | "i32" | ... | "constexpr"}; constexprs: {arg name: value};
-    attrs: {(argument index,): [["tt.divisibility", 16]]} for arguments known to be aligned.
-    Returns (cubin bytes, TritonKernelInfo, kernel name).
-    """
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    constexprs = dict(constexprs or {})
-    sig = dict(signature)
-    for k in constexprs:
-        sig.setdefault(k, "constexpr")
-    try:
-        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    except TypeError:  # older spelling
-        src = ASTSource(fn=fn, signature=sig, constants=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    md = compiled.metadata
-    name = md.name
-    n_user = sum(1 for v in sig.values() if v != "constexpr")
-    n_entry = _ptx_entry_param_count(compiled.asm.get("ptx", ""), name)
-    n_scratch = (n_entry - n_user) if n_entry is not None else 2
-    if not 0 <= n_scratch <= 2:
-        raise RuntimeError(f"Triton kernel {name}: PTX entry declares {n_entry} parameters for "
-                           f"{n_user} user arguments; cannot place the scratch arguments")
-    info = TritonKernelInfo(
-        name=name, num_warps=int(md.num_warps), num_stages=int(getattr(md, "num_stages", num_stages)),
-        shared=int(md.shared), num_ctas=int(getattr(md, "num_ctas", 1)),
-        global_scratch_size=int(getattr(md, "global_scratch_size", 0) or 0),
-        global_scratch_align=int(getattr(md, "global_scratch_align", 1) or 1),
-        profile_scratch_size=int(getattr(md, "profile_scratch_size", 0) or 0),
-        profile_scratch_align=int(getattr(md, "profile_scratch_align", 1) or 1),
-        num_scratch_params=n_scratch, num_user_params=n_user,
-        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
-        launch_pdl=bool(getattr(md, "launch_pdl", False)),
-        triton_version=str(getattr(triton, "__version__", "")), arch=str(getattr(md, "arch", "")))
-    return compiled.asm["cubin"], info, name
-
-
-def launcher_for_triton(cubin: bytes, info: TritonKernelInfo, signature,
-                        stream: Stream | None = None) -> Launcher:
-    """Load a cubin from compile_triton and build its Launcher (scratch parameters included)."""
-    if info.launch_cooperative_grid or info.launch_pdl:
-        raise NotImplementedError(f"{info.name}: cooperative / PDL launches are not supported")
-    k = load_kernel(cubin, info.name, info.shared, info.num_warps)
-    return Launcher(k, signature, num_scratch_params=info.num_scratch_params,
-                    global_scratch_size=info.global_scratch_size,
-                    global_scratch_align=info.global_scratch_align,
-                    profile_scratch_size=info.profile_scratch_size,
-                    profile_scratch_align=info.profile_scratch_align,
-                    num_ctas=info.num_ctas, stream=stream)
-
-
-# ======================================================================================
-# Tensor storage on the device (what stax.tensor keeps for device="cuda")
-# ======================================================================================
-
-def interpreting() -> bool:
-    """TRITON_INTERPRET=1: "cuda" tensors live in host memory and kernels run in Triton's interpreter.
-
-    This is how CI, which has no GPU, runs every generated Triton kernel against numpy.
-    """
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def check_device(device: str) -> str:
-    """Normalize 'cuda' / 'cuda:0'; raise the clear no-GPU error when it cannot be used."""
-    dev = str(device)
-    if dev not in ("cuda", "cuda:0"):
-        raise RuntimeError(f"unknown device '{dev}': Stax knows 'cpu' and 'cuda' (device 0)")
-    if not interpreting():
-        init()            # raises CudaUnavailableError with the reason when there is no GPU
-    return "cuda"
-
-
-class DeviceArray:
-    """A flat array of `count` elements of numpy dtype `dtype` on the device.
-
-    On a GPU it owns a DeviceBuffer from the caching allocator; under the Triton interpreter it
-    owns host memory (a numpy array), which the interpreter reads and writes directly.
-    """
-
-    GUARD = 256      # elements of guard zone on each side of an interpreted array
-
-    def __init__(self, count: int, dtype):
-        import numpy as np
-        self.count, self.dtype = count, dtype          # a numpy dtype
-        if interpreting():
-            # guard zones around the array: a kernel that writes outside it is caught after launch
-            g = self.GUARD
-            self._guarded = np.empty(count + 2 * g, dtype)
-            self._guarded.view(np.uint8)[:] = 0xA5
-            self.host_array, self.buffer = self._guarded[g:g + count], None
-        else:
-            self.host_array, self.buffer = None, allocate(max(1, count * dtype.itemsize))
-
-    def guards_intact(self) -> bool:
-        """Under the interpreter: whether both guard zones still hold their fill pattern."""
-        import numpy as np
-        g = self.GUARD
-        raw = self._guarded.view(np.uint8)
-        n = g * self.dtype.itemsize
-        return bool((raw[:n] == 0xA5).all() and (raw[len(raw) - n:] == 0xA5).all())
-
-    @property
-    def ptr(self) -> int:
-        buffer = self.buffer
-        return buffer.ptr if buffer is not None else self.host_array.ctypes.data
-
-    def upload(self, array) -> "DeviceArray":
-        import numpy as np
-        array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
-        if self.buffer is None:
-            self.host_array[...] = array
-        elif array.size:
-            copy_host_to_device(self.buffer, array)
-        return self
-
-    def host(self):
-        """A host copy of the whole array (waits for queued kernels first)."""
-        import numpy as np
-        if self.buffer is None:
-            return self.host_array.copy()
-        out = np.empty(self.count, self.dtype)
-        if self.count:
-            copy_device_to_host(out, self.buffer)
-        return out
-
-
-class device:
-    """`with stax.cuda.device(0):` in a wrapper (Listing 9.6): Stax drives device 0 only."""
-
-    def __init__(self, index: int = 0):
-        if index != 0:
-            raise RuntimeError("Stax drives one GPU (device 0)")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-# ======================================================================================
 # CUDA graphs (capture of the default stream)
 # ======================================================================================
 
@@ -1183,3 +824,27 @@ class Graph:
             self._destroy()
         except Exception:  # noqa: BLE001
             pass
+
+
+# ======================================================================================
+# The Triton side (cuda_triton.py), reachable from here
+# ======================================================================================
+
+_TRITON_SIDE = frozenset((
+    "Kernel", "load_kernel", "Launcher", "TritonKernelInfo", "compile_triton", "launcher_for_triton",
+    "interpreting", "check_device", "DeviceArray", "device", "_ARG_CODES", "_arg_code",
+    "_ptx_entry_param_count"))
+
+
+def __getattr__(name):
+    """``stax.cuda.Launcher`` and the rest of _TRITON_SIDE: loads cuda_triton.py at the first use
+    (PEP 562), so that this module imports without it, alone too (tests/test_cuda.py loads the file)."""
+    if name in _TRITON_SIDE:
+        value = getattr(importlib.import_module(".cuda_triton", __package__), name)
+        globals()[name] = value          # later uses are plain attribute reads
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _TRITON_SIDE)
