@@ -296,6 +296,14 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
 
 
 MAX_CANDIDATES = 8      # compile + measure stays well under 2 s per kernel
+MAX_XBLOCK = 8192       # the largest pointwise XBLOCK and YBLOCK/ZBLOCK any configuration takes
+MAX_OUTER_BLOCK = 1024  # (candidates and the max-autotune space): masks over multiples are dropped
+# Tuning a kernel whose memory floor is a few microseconds buys less than compiling and timing
+# its candidates costs (about 0.1 s each): below this floor the heuristic default runs.
+SMALL_KERNEL_MS = 0.02
+ASSUMED_BANDWIDTH = 3e12          # bytes/s of an H100/H200-class GPU, for that estimate only
+_POINTER_BYTES = {"fp64": 8, "i64": 8, "fp32": 4, "i32": 4, "fp16": 2, "bf16": 2, "i16": 2, "i8": 1,
+                  "u8": 1, "i1": 1}
 GRID_LIMIT = (2 ** 31 - 1, 65535, 65535)     # CUDA's grid extents along x, y, z
 
 
@@ -337,10 +345,11 @@ def tuning_space(kind: str, start: Config, numels: dict) -> dict:
     if kind == "persistent_reduction":
         space["XBLOCK"] = pow2(1, max(1, min(64, _pow2_at_most(x, 64))))
     else:
-        space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, 8192 if kind == "pointwise" else 1024)))
+        space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, MAX_XBLOCK if kind == "pointwise" else 1024)))
     for axis in "YZ":
         if f"{axis}BLOCK" in start:
-            space[f"{axis}BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get(f"{axis.lower()}numel", 1)), 1024)))
+            space[f"{axis}BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get(f"{axis.lower()}numel", 1)),
+                                                                MAX_OUTER_BLOCK)))
     if "R0_BLOCK" in start:
         space["R0_BLOCK"] = pow2(1, max(1, _pow2_at_most(int(numels.get("r0_numel", 1)), 16384)))
     for name, value in start.items():            # the start must lie in the space
@@ -538,6 +547,7 @@ class TritonKernel:
         self._fast = None            # (numels, grid, launcher) of the last launch
         self.mode, self.options = None, {}   # set by stax.compile(mode=..., options=...)
         self.tuning_seconds = 0.0
+        self.best_ms = None          # the chosen configuration's measured time, when measured
 
     @property
     def fn(self):
@@ -571,7 +581,7 @@ class TritonKernel:
             for i in self.pointer_index:
                 low_bits |= ptrs[i]
             if not low_bits & 15:
-                fast[2](fast[1], ptrs)
+                fast[2].launch_ints(fast[1], ptrs)
                 return
         self._slow_run(args, ptrs)
 
@@ -595,9 +605,9 @@ class TritonKernel:
             return
         aligned = not any(ptrs[i] & 15 for i in self.pointer_index)
         launcher = self._launcher(cfg, aligned)
-        if aligned:
-            self._fast = (args[len(args) - n:], grid, launcher, len(args) - n)
         launcher(grid, ptrs)
+        if aligned:     # the next launch with these sizes skips straight to the driver call
+            self._fast = (args[len(args) - n:], grid, launcher, len(args) - n)
 
     def _launcher(self, cfg: Config, aligned: bool = True):
         key = (tuple(sorted(cfg.items())), aligned)
@@ -613,17 +623,19 @@ class TritonKernel:
         from . import cache, cuda
         cands = candidates(self.kind, numels, self.reduction_hint, self.r0_block)
         search = self.options.get("autotune_search", "coordinate") if self.mode == "max-autotune" else None
-        if (len(cands) == 1 and search is None) or not autotune_enabled(self.options):
+        small = len(cands) == 1 or self._floor_ms(numels) < SMALL_KERNEL_MS
+        if (small and search is None) or not autotune_enabled(self.options):
             return cands[0]
         props = cuda.get_device_properties()
         key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version(),
                                  repr(search), repr(sorted(self.options.items())))
         path = cache.cache_dir() / "autotune" / f"{self.name}_{key}.json"
+        if key not in _RECORDS and path.exists():
+            record = json.loads(path.read_text())
+            _RECORDS[key] = (record["config"], record["ms"])
         if key in _RECORDS:
-            return _RECORDS[key]
-        if path.exists():
-            _RECORDS[key] = json.loads(path.read_text())["config"]
-            return _RECORDS[key]
+            chosen, self.best_ms = _RECORDS[key]
+            return chosen
         import time
         start = time.perf_counter()
         saved = self._protect(args)
@@ -642,7 +654,8 @@ class TritonKernel:
             chosen, chosen_ms = self._search(search, chosen, numels, args)
         self._restore(saved)
         self.tuning_seconds = time.perf_counter() - start
-        _RECORDS[key] = chosen
+        _RECORDS[key] = (chosen, chosen_ms)
+        self.best_ms = chosen_ms
         cache.atomic_write(path, json.dumps({"config": chosen, "ms": chosen_ms, "candidates": cands,
                                              "candidate_ms": times, "search": search,
                                              "seconds": self.tuning_seconds}))
@@ -656,6 +669,16 @@ class TritonKernel:
                       file=sys.stderr)
             print(f"  chosen in {self.tuning_seconds:.2f} s", file=sys.stderr)
         return chosen
+
+    def _floor_ms(self, numels: dict) -> float:
+        """An upper estimate of the kernel's memory floor: every pointer touched once per element."""
+        if self.kind == "template":
+            return math.inf                    # compute-bound: always worth measuring
+        elements = 1
+        for v in numels.values():
+            elements *= max(1, int(v))
+        nbytes = sum(_POINTER_BYTES.get(t[1:], 4) for t in self.signature.values() if t.startswith("*"))
+        return elements * nbytes / ASSUMED_BANDWIDTH * 1e3
 
     def _search(self, search: str, start: Config, numels: dict, args) -> tuple:
         """mode="max-autotune": Algorithm 9.2 from the best candidate, or random search (Prop. 9.3)."""
@@ -748,6 +771,42 @@ class TritonKernel:
                                                  cc=cc, attrs=self._attrs(aligned))
             cache.atomic_write(path, pickle.dumps((cubin, info)))
         return cuda.launcher_for_triton(cubin, info, list(self.signature.values()))
+
+
+class MultiKernel:
+    """Alternative kernels for one fusion group: a multi-pass row's persistent and looped forms
+    (§9.4). The first launch runs Algorithm 9.1 for each and keeps the one whose best configuration
+    is faster; the choice follows from the records, so a later process measures nothing. Without
+    measurements (the interpreter, autotuning off, a kernel of microseconds) the first runs."""
+
+    def __init__(self, name: str, kernels: list):
+        self.name, self.kernels = name, kernels
+        self.chosen = None
+
+    def run(self, *args, stream=None):
+        kernel = self.chosen
+        if kernel is None:
+            kernel = self.chosen = self._choose(args)
+        kernel.run(*args, stream=stream)
+
+    def _choose(self, args) -> TritonKernel:
+        import sys
+        from . import cuda
+        if cuda.interpreting():
+            return self.kernels[0]
+        first = self.kernels[0]
+        numels = dict(zip(first.numel_names, args[len(args) - len(first.numel_names):]))
+        for k in self.kernels:
+            k.choose_config(numels, args)
+        times = [k.best_ms for k in self.kernels]
+        if any(t is None for t in times):
+            return first
+        best = min(range(len(times)), key=lambda i: times[i])
+        if _show_autotune():
+            print(f"stax autotune {self.name}: " + ", ".join(
+                f"{k.name} {t:.4f} ms" for k, t in zip(self.kernels, times))
+                + f" -> {self.kernels[best].name}", file=sys.stderr)
+        return self.kernels[best]
 
 
 def kernel_from_source(name: str, source: str) -> TritonKernel:

@@ -29,6 +29,7 @@ import sympy
 from .codegen_cpp import _pyshape, extern_call, wrapper_launches, wrapper_prologue
 from .lower import (FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims,
                     reduction_identity, set_handler, simplify_index)
+from .autotune import MAX_OUTER_BLOCK, MAX_XBLOCK
 from .schedule import all_accesses, node_index, phases, store_index
 from .templates import mm_template, template_applies
 
@@ -201,12 +202,18 @@ def _reduction_form(k) -> tuple:
     if not rnumel.is_Integer:
         return "red", None, hint
     limit = 1024 if inner else 64
-    if inner and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
-        # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) would be
-        # read once per pass by a looped kernel; kept in registers it is read once. Measured on
-        # the H200: 4096×32768 softmax 0.46 of the floor looped (three passes) against
-        # 0.78 persistent with 32 warps (ANCHORS.md).
-        limit = MULTI_PASS_PERSISTENT_LIMIT
+    if inner and int(rnumel) > limit and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
+        # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) up to
+        # MULTI_PASS_PERSISTENT_LIMIT gets both forms, and the launch measures which is faster
+        # (async_compile.multi_kernel). Neither wins everywhere on the H200 (bench/RESULTS.md):
+        # rows in registers are read once (softmax 65536×4096: 0.93 of the floor against 0.81
+        # looped), while a looped layer_norm, its row kept in L2 between passes, reaches 1.01
+        # against 0.96 persistent. The persistent form is the heuristic default.
+        if int(rnumel) <= MULTI_PASS_PERSISTENT_LIMIT:
+            k.other_form = "red" if k.force_form is None else None
+            if k.force_form != "red":
+                return "per", next_pow2(int(rnumel)), hint
+        return "red", None, hint
     if int(rnumel) <= limit:
         return "per", next_pow2(int(rnumel)), hint
     return "red", None, hint
@@ -266,9 +273,11 @@ class TritonPrinter:
         if self.k.reduction:
             # data each row reads once streams through (evict_first); data every row reads again,
             # a row value or a per-column weight such as layer_norm's w and b, stays in L2
+            # (a looped kernel reads the row again in a later pass: keep it in L2 until that last pass)
             uses_r = any(s in self.k.rvars_printed for s in expr.free_symbols)
             uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
-            extras = ", eviction_policy='evict_first'" if uses_r and uses_x else ", eviction_policy='evict_last'"
+            streams = uses_r and uses_x and not self.k.row_read_again
+            extras = ", eviction_policy='evict_first'" if streams else ", eviction_policy='evict_last'"
         if mask:
             extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
             text = f"tl.load({ptr} + ({texpr(expr)}), {mask}{extras})"
@@ -381,6 +390,9 @@ class TritonKernel:
         self.target = {w: i for i, w in sched.lowered.mutations}
         self.rvars_printed = set()
         self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
+        self.row_read_again = False                   # a later looped pass reads the row again
+        self.force_form = None                        # 'red': print the looped form of a group
+        self.other_form = None                        # that has a persistent one too (§9.4)
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -482,7 +494,10 @@ def _axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> tuple:
         pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
         lines.append(f"{p}offset = {pid} * {axis.block}")
         lines.append(f"{p}index = {p}offset + tl.arange(0, {axis.block}){sl}")
-        lines.append(f"{p}mask = {p}index < {p}numel")
+        if f"{p}mask" in k.always_true:
+            lines.append(f"{p}mask = tl.full([{axis.block}], True, tl.int1){sl}")
+        else:
+            lines.append(f"{p}mask = {p}index < {p}numel")
     return lines
 
 
@@ -504,7 +519,10 @@ def _var_lines(axis) -> list:
 def _pointwise_kernel(k: TritonKernel) -> tuple:
     g = k.group
     xvars, _ = _setup_axes(k, g.ranges, [])
-    k.always_true = set()
+    # a mask is always true when its numel is a multiple of every block size a configuration can
+    # take (the candidates and the max-autotune space: powers of two up to these)
+    k.always_true = {f"{a.prefix}mask" for a in k.axes
+                     if a.numel.is_Integer and int(a.numel) % (MAX_XBLOCK if a.prefix == "x" else MAX_OUTER_BLOCK) == 0}
     p = TritonPrinter(k)
     stores = []
     for node in g.nodes:
@@ -546,6 +564,7 @@ def _reduction_kernel(k: TritonKernel) -> tuple:
     i = 0
     while i < len(plan):
         phase, nodes = plan[i]
+        k.row_read_again = form == "red" and any(p[0] == "loop" for p in plan[i + 1:])
         if phase == "row":
             for node in nodes:
                 value = k.body(node, xvars, rvars, top)
@@ -790,6 +809,7 @@ class TritonModule:
     kernels: dict
     wrapper: str
     schedule: object
+    multi: dict = None               # multi_kernel_N -> the names of its alternative kernels
 
     @property
     def source(self) -> str:
@@ -800,6 +820,8 @@ class TritonModule:
         """
         loads = [f"{name} = async_compile.triton('{name}', \'\'\'\n{text}\'\'\', device_str='cuda')"
                  for name, text in self.kernels.items()]
+        loads += [f"{name} = async_compile.multi_kernel('{name}', [{', '.join(names)}])"
+                  for name, names in (self.multi or {}).items()]
         return "\n\n".join(loads + [self.wrapper])
 
     def __str__(self):
@@ -821,18 +843,20 @@ def _wrapper(sched, calls) -> str:
 
 def generate(sched) -> TritonModule:
     low = sched.lowered
-    kernels, calls, allocated = {}, [], {b.name for b in low.inputs}
+    kernels, multi, calls, allocated = {}, {}, [], {b.name for b in low.inputs}
+    index = 0                        # the N of each kernel's name
     for g in sched.groups:
         call, new = [], set()
         if g.kind == "extern" and template_applies(g.nodes[0], low):
             e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
-            name, src, numels = mm_template(len(kernels), e, low)
+            name, src, numels = mm_template(index, e, low)
             call.append(f"{e.name} = empty_strided_cuda({_pyshape(e.layout.shape)}, "
                         f"{_pyshape(e.layout.stride)}, stax.{e.dtype.name})")
             new.add(e.name)
             if not kernels:
                 call.append("raw_stream0 = get_raw_stream(0)")
             kernels[name] = src
+            index += 1
             call.append(f"{name}.run({', '.join(list(e.inputs) + [e.name] + [str(v) for v in numels])}, "
                         f"stream=raw_stream0)")
         elif g.kind == "extern":
@@ -840,7 +864,7 @@ def generate(sched) -> TritonModule:
             call += extern_call(e, low.unbacked, f"stax.{e.dtype.name}")
             new.add(e.name)
         else:
-            k = TritonKernel(len(kernels), g, sched)
+            k = TritonKernel(index, g, sched)
             form, lines, hint = (_pointwise_kernel(k) if g.kind == "pointwise" else _reduction_kernel(k))
             name, src, params, numels = _finish(k, form, lines, hint)
             for p in params:
@@ -852,7 +876,17 @@ def generate(sched) -> TritonModule:
             if not kernels:
                 call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
             kernels[name] = src
+            if k.other_form is not None:
+                # both forms of a multi-pass row; the first launch measures them (multi_kernel_N)
+                k2 = TritonKernel(index, g, sched)
+                k2.force_form = k.other_form
+                name2, src2, params2, _ = _finish(k2, *_reduction_kernel(k2))
+                assert params2 == params, (params, params2)
+                kernels[name2] = src2
+                multi[f"multi_kernel_{index}"] = [name, name2]
+                name = f"multi_kernel_{index}"
+            index += 1
             call.append(f"{name}.run({', '.join(params + numels)}, stream=raw_stream0)")
         allocated |= new
         calls.append((g.index, call, new))
-    return TritonModule(kernels, _wrapper(sched, calls), sched)
+    return TritonModule(kernels, _wrapper(sched, calls), sched, multi)

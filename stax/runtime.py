@@ -104,6 +104,12 @@ class async_compile:  # noqa: N801  (Listing 9.6's name)
         from .autotune import kernel_from_source
         return kernel_from_source(name, source)
 
+    @staticmethod
+    def multi_kernel(name, kernels):
+        """Alternative kernels for one group; the first launch measures and keeps the faster."""
+        from .autotune import MultiKernel
+        return MultiKernel(name, kernels)
+
 
 def gpu_wrapper_globals() -> dict:
     import stax

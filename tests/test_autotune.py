@@ -407,7 +407,7 @@ def _fake_kernel(monkeypatch, tmp_path, times):
     monkeypatch.setattr(at, "_triton_version", lambda: "3.6.0")
     monkeypatch.setattr(at, "_RECORDS", {})
     src = "def triton_poi_fused_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n"
-    k = at.TritonKernel("triton_poi_fused_0", "pointwise", {"x": 1 << 20},
+    k = at.TritonKernel("triton_poi_fused_0", "pointwise", {"x": 1 << 24},
                         {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32"}, source=src)
     measured = []
 
@@ -422,7 +422,7 @@ def _fake_kernel(monkeypatch, tmp_path, times):
 
 def test_algorithm_9_1_measures_once_then_reads_the_record(monkeypatch, tmp_path):
     from stax import autotune as at
-    numels = {"xnumel": 1 << 20}
+    numels = {"xnumel": 1 << 24}
     fastest = {"XBLOCK": 2048, "num_warps": 8, "num_stages": 1}
     k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c == fastest else 2.0)
     assert k._autotune(numels, ()) == fastest
@@ -434,7 +434,7 @@ def test_algorithm_9_1_measures_once_then_reads_the_record(monkeypatch, tmp_path
 
 
 def test_failing_or_spilling_candidates_are_never_chosen(monkeypatch, tmp_path):
-    numels = {"xnumel": 1 << 20}
+    numels = {"xnumel": 1 << 24}
     # inf is what _measure returns for a candidate that fails to compile or spills registers
     k, _ = _fake_kernel(monkeypatch, tmp_path, lambda c: math.inf if c["XBLOCK"] >= 2048 else 0.5 + c["num_warps"] / 100)
     chosen = k._autotune(numels, ())
@@ -445,7 +445,7 @@ def test_failing_or_spilling_candidates_are_never_chosen(monkeypatch, tmp_path):
 
 
 def test_max_autotune_runs_coordinate_descent_from_the_best_candidate(monkeypatch, tmp_path):
-    numels = {"xnumel": 1 << 20}
+    numels = {"xnumel": 1 << 24}
     # a bowl in log2 space with its minimum outside the candidate set
     cost = lambda c: 1 + abs(math.log2(c["XBLOCK"]) - 13) + abs(math.log2(c["num_warps"]) - 4) + c["num_stages"]  # noqa: E731
     k, _ = _fake_kernel(monkeypatch, tmp_path, cost)
@@ -460,7 +460,20 @@ def test_max_autotune_runs_coordinate_descent_from_the_best_candidate(monkeypatc
 
 def test_autotune_off_runs_the_heuristic_default(monkeypatch, tmp_path):
     from stax import autotune as at
-    numels = {"xnumel": 1 << 20}
+    numels = {"xnumel": 1 << 24}
     k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
     k.options = {"autotune": False}
     assert k._autotune(numels, ()) == at.default_config("pointwise", numels) and measured == []
+
+
+def test_kernels_of_a_few_microseconds_run_the_default_unmeasured(monkeypatch, tmp_path):
+    """Tuning costs ~0.1 s per candidate: a kernel whose memory floor is under SMALL_KERNEL_MS
+    (1M floats in, 1M out: about 3 µs) runs the heuristic default; max-autotune still searches."""
+    from stax import autotune as at
+    numels = {"xnumel": 1 << 20}
+    k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
+    assert k._floor_ms(numels) < at.SMALL_KERNEL_MS
+    assert k._autotune(numels, ()) == at.default_config("pointwise", numels) and measured == []
+    k.mode = "max-autotune"
+    k._autotune(numels, ())
+    assert measured
