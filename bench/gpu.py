@@ -39,6 +39,14 @@ WORKLOADS = {
     "softmax:verylong": (lambda x: stax.softmax(x, -1), [(2048, 65536)]),   # online (m, d), Prop. 9.1
     "layernorm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(65536, 4096), (4096,), (4096,)]),
     "gelu": (gelu_like, [(64 << 20,)]),
+    "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(512, 256, 512), (256, 512, 512), (512, 512, 256)]),
+    # the simplest streaming kernel, as a reference for what a kernel (not the copy engine) attains
+    "scale": (lambda x: x * 2, [(64 << 20,)]),
+}
+# matmuls: the plain tl.dot template (§9.8, correct first); TFLOP/s, not a fraction of a floor
+MATMULS = {
+    "mm_bf16": (lambda a, b, c: stax.relu(a @ b + c), 8192, "bfloat16"),
+    "mm_fp32": (lambda a, b, c: stax.relu(a @ b + c), 4096, "float32"),
 }
 
 
@@ -96,6 +104,8 @@ def torch_time(name, shapes):
         "softmax:verylong": lambda x: torch.softmax(x, -1),
         "layernorm": lambda x, w, b: torch.nn.functional.layer_norm(x, (4096,), w, b),
         "gelu": lambda h: 0.7 * (0.5 * (1 + torch.erf(h * 0.7071067811865476)) + h * torch.exp(-0.5 * h * h) * 0.3989422804014327),
+        "tile3d": lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0),
+        "scale": lambda x: x * 2,
     }
     args = [torch.randn(*s, device="cuda") for s in shapes]
     f = torch.compile(fns[name])
@@ -109,29 +119,64 @@ def torch_time(name, shapes):
     return ms, cold
 
 
+def matmuls(names):
+    """The plain template against torch.compile (cuBLAS + epilogue) at the same shape and dtype."""
+    rows = []
+    for name in names:
+        fn, n, dt = MATMULS[name]
+        dtype = getattr(stax, dt)
+        args = [stax.randn(n, n, device="cuda").to(dtype), stax.randn(n, n, device="cuda").to(dtype),
+                stax.randn(n, device="cuda").to(dtype)]
+        f = stax.compile(fn)
+        f(*args)
+        cuda.synchronize()
+        ms = time_calls(f, args, iters=10)
+        row = {"workload": name, "n": n, "stax_ms": ms, "stax_tflops": 2 * n ** 3 / ms * 1e-9,
+               "kernels": list(f.last_generated.kernels)}
+        try:
+            import torch
+            import triton.testing
+            ta = [torch.randn(n, n, device="cuda", dtype=getattr(torch, dt)) for _ in range(2)]
+            tb = torch.randn(n, device="cuda", dtype=getattr(torch, dt))
+            tf = torch.compile(lambda a, b, c: torch.relu(a @ b + c))
+            tms = triton.testing.do_bench(lambda: tf(ta[0], ta[1], tb))
+            row.update(torch_ms=tms, torch_tflops=2 * n ** 3 / tms * 1e-9, speedup=tms / ms,
+                       torch_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+        except ImportError:
+            pass
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del args
+    return rows
+
+
 def host_overhead():
-    """Host µs per launch: a one-kernel compiled function on a tiny input, and the launch alone."""
+    """Host µs per launch (best of 3 runs of 2000): a one-kernel compiled function on a tiny input,
+    the kernel's launch alone (`TritonKernel.run`), and the bare driver call under it (the
+    launcher with its argument list built beforehand: the floor for a launch from Python)."""
     x = stax.randn(1024, device="cuda")
     f = stax.compile(lambda x: x * 2 + 1)
     f(x)
     cuda.synchronize()
-    n = 2000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f(x)
-    cuda.synchronize()
-    per_call = (time.perf_counter() - t0) / n * 1e6
     call = next(iter(f.artifacts.values()))[0]
     kernel = [v for k, v in call.__globals__.items() if k.startswith("triton_poi")][0]
     out = stax.empty(1024, device="cuda")
     kernel.run(x, out, 1024, stream=None)
     cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        kernel.run(x, out, 1024, stream=None)
-    cuda.synchronize()
-    per_launch = (time.perf_counter() - t0) / n * 1e6
-    return per_call, per_launch
+    _, grid, launcher, _ = kernel._fast
+    ptrs = [x.data_ptr(), out.data_ptr(), 1024]
+
+    def per(fn, n=2000):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        return best
+    return (per(lambda: f(x)), per(lambda: kernel.run(x, out, 1024, stream=None)),
+            per(lambda: launcher.launch_ints(grid, ptrs)))
 
 
 COLD = r"""
@@ -147,28 +192,44 @@ print("SECONDS", t, "triton_loaded", 'triton' in sys.modules)
 
 
 def compile_times():
+    """Cold compile (fresh Stax and Triton caches) and warm on-disk cache, each in a new process.
+
+    Python's bytecode of the installed packages is present, as after `pip install` (which compiles
+    it): where site-packages holds none (the lent H200's), a first process writes it under
+    PYTHONPYCACHEPREFIX; the time of a process without it is printed too.
+    """
     import tempfile
     root = os.path.join(os.path.dirname(__file__), "..")
+    base = dict(os.environ)
+    base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import triton"], check=True)
+    subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
+    print(f"a process that imports sympy and triton (writing their bytecode): {time.perf_counter() - t0:.2f} s")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import triton"], check=True, env=base)
     print(f"a process that imports triton: {time.perf_counter() - t0:.2f} s")
-    env0 = dict(os.environ, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"), STAX_AUTOTUNE="0")
-    r = subprocess.run([sys.executable, "-c", COLD.format(root=root)], env=env0, capture_output=True, text=True)
-    print("cold compile without measuring candidates (STAX_AUTOTUNE=0):", r.stdout.strip() or r.stderr[-1000:])
-    env = dict(os.environ, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"))
-    out = []
-    for _ in range(2):                       # cold, then warm on-disk cache
-        r = subprocess.run([sys.executable, "-c", COLD.format(root=root)], env=env,
-                           capture_output=True, text=True)
+
+    def fresh(**extra):
+        return dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
+                    TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"), **extra)
+
+    def run(env, what):
+        r = subprocess.run([sys.executable, "-c", COLD.format(root=root)], env=env, capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
-        out.append(float(line[0].split()[1]) if line else float("nan"))
-        print("compile-time process:", line[0] if line else r.stdout + r.stderr[-2000:])
-    return out
+        print(f"{what}:", line[0] if line else r.stdout + r.stderr[-2000:])
+        return float(line[0].split()[1]) if line else float("nan")
+    run(fresh(STAX_AUTOTUNE="0"), "cold compile without measuring candidates (STAX_AUTOTUNE=0)")
+    nobytecode = {k: v for k, v in fresh().items() if k != "PYTHONPYCACHEPREFIX"}
+    run(dict(nobytecode, PYTHONDONTWRITEBYTECODE="1"), "cold compile, no bytecode for installed packages")
+    env = fresh()
+    return [run(env, "cold compile"), run(env, "warm on-disk cache")]
 
 
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
     names = [a for a in argv if a in WORKLOADS] or list(WORKLOADS)
+    mm_names = [a for a in argv if a in MATMULS] or ([] if any(a in WORKLOADS for a in argv) else list(MATMULS))
     props = cuda.get_device_properties()
     bw = copy_bandwidth()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
@@ -204,7 +265,8 @@ def main(argv):
         rows.append(row)
         print(json.dumps(row), flush=True)
         del args, out, outs
-    per_call, per_launch = host_overhead()
+    mm_rows = matmuls(mm_names)
+    per_call, per_launch, per_driver = host_overhead()
     cold, warm = compile_times()
     print()
     print(f"| workload | Stax ms | floor ms | frac | torch.compile ms | torch/Stax | kernels |")
@@ -222,11 +284,16 @@ def main(argv):
         tm = f"{r['torch_ms']:.3f}" if "torch_ms" in r else "-"
         sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"
         print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {tm} | {sp} | {', '.join(r['kernels'])} |")
-    print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}")
+    for r in mm_rows:
+        print(f"| {r['workload']} {r['n']}³ | {r['stax_ms']:.3f} ({r['stax_tflops']:.0f} TFLOP/s) | | | "
+              f"{r.get('torch_ms', float('nan')):.3f} ({r.get('torch_tflops', float('nan')):.0f} TFLOP/s) | "
+              f"{r.get('speedup', float('nan')):.2f} | {', '.join(r['kernels'])} |")
+    print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}; "
+          f"the driver call under it: {per_driver:.1f}")
     print(f"cold compile of a one-kernel function: {cold:.2f} s; warm on-disk cache: {warm:.3f} s")
     if json_path:
         with open(json_path, "w") as fh:
-            json.dump({"rows": rows, "per_call_us": per_call, "per_launch_us": per_launch,
+            json.dump({"rows": rows, "matmuls": mm_rows, "per_call_us": per_call, "per_launch_us": per_launch, "per_driver_call_us": per_driver,
                        "cold_s": cold, "warm_s": warm, "bandwidth_GBs": bw / GB}, fh, indent=1)
 
 
