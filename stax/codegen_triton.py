@@ -278,13 +278,18 @@ class TritonPrinter:
             uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
             streams = uses_r and uses_x and not self.k.row_read_again
             extras = ", eviction_policy='evict_first'" if streams else ", eviction_policy='evict_last'"
+        offset = texpr(expr)
+        if not expr.free_symbols and mask:
+            # one element under a block mask (ops.masked): Triton wants a block of pointers for a
+            # block mask, so the offset is a block of equal offsets (as for a one-element store)
+            offset = f"tl.full({self.k.block_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
         if mask:
             extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
-            text = f"tl.load({ptr} + ({texpr(expr)}), {mask}{extras})"
+            text = f"tl.load({ptr} + ({offset}), {mask}{extras})"
         else:
-            text = f"tl.load({ptr} + ({texpr(expr)}){extras})"
+            text = f"tl.load({ptr} + ({offset}){extras})"
         var = self._emit(text, dtype)
-        if not expr.free_symbols:                     # one element, broadcast over the block
+        if not expr.free_symbols and not mask:        # one element, broadcast over the block
             var = self._emit(f"tl.broadcast_to({var}, {self.k.block_shape()})", dtype)
         return var
 

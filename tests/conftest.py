@@ -8,6 +8,8 @@
 - `rng`: a numpy Generator seeded from the test's node id (different per test,
   the same on every run).
 - `@pytest.mark.gpu`: skipped unless `stax.cuda` imports and reports a device.
+- `GENERATED_TRITON_KERNELS`: every Triton kernel text the session generated (recorded around
+  `codegen_triton.generate`), for tests/test_zz_sm90.py.
 """
 
 from __future__ import annotations
@@ -157,6 +159,27 @@ def pytest_configure(config):
     if not os.environ.get("STAX_CACHE_DIR"):
         _OWN_CACHE_DIR = tempfile.mkdtemp(prefix="stax-test-cache-")
         os.environ["STAX_CACHE_DIR"] = _OWN_CACHE_DIR
+    _record_triton_kernels()
+
+
+# ---- every Triton kernel the session prints (tests/test_zz_sm90.py builds them for sm_90) ----
+
+GENERATED_TRITON_KERNELS: dict = {}      # kernel source -> kernel name
+
+
+def _record_triton_kernels():
+    from stax import codegen_triton
+    plain = codegen_triton.generate
+    if getattr(plain, "records_kernels", False):
+        return
+
+    def generate(sched):
+        module = plain(sched)
+        for name, source in module.kernels.items():
+            GENERATED_TRITON_KERNELS.setdefault(source, name)
+        return module
+    generate.records_kernels = True
+    codegen_triton.generate = generate
 
 
 def pytest_unconfigure(config):
