@@ -2,8 +2,9 @@
 
 Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`.
 For each workload of ../shared/ANCHORS.md at its shape it prints, from one run: Stax's time
-(CUDA events around repeated calls of the compiled function, outputs allocated by Stax's caching
-allocator as a user would see), the floor (each input read once + each output written once, over
+(CUDA events around each call of the compiled function after an L2 flush, as
+triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
+user would see), the floor (each input read once + each output written once, over
 the device-to-device copy bandwidth measured in the same run), the fraction floor / time, and,
 when torch is importable, torch.compile's time (triton.testing.do_bench) and the ratio.
 It also measures the host time per launch, the cold compile of a one-kernel function (after
@@ -65,28 +66,32 @@ def copy_bandwidth() -> float:
     return 2 * n / (ms * 1e-3)          # read + write
 
 
+_FLUSH = []        # a 256 MB buffer: filling it evicts the 50 MB L2 between timed calls
+
+
 def time_calls(fn, args, iters=None) -> float:
-    """Milliseconds per call, CUDA events around `iters` calls after warm-up."""
+    """Median milliseconds per call, measured as triton.testing.do_bench measures torch.compile
+    below: before each call a 256 MB fill evicts the L2 cache (no input is still cached from the
+    previous call), and CUDA events bracket the call alone."""
+    if not _FLUSH:
+        _FLUSH.append(cuda.allocate(256 << 20))
     for _ in range(3):
         fn(*args)
     cuda.synchronize()
     e0, e1 = cuda.Event(), cuda.Event()
     e0.record()
-    t0 = time.perf_counter()
     fn(*args)
     e1.record()
     e1.synchronize()
     one = max(e0.elapsed_time(e1), 1e-3)
-    iters = iters or max(5, min(200, int(200 / one)))
-    times = []
-    for _ in range(5):
-        e0.record()
-        for _ in range(iters):
-            fn(*args)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / iters)
-    return float(np.median(times))
+    events = [(cuda.Event(), cuda.Event()) for _ in range(iters or max(10, min(200, int(100 / one))))]
+    for start, end in events:
+        cuda.memset_zero(_FLUSH[0])
+        start.record()
+        fn(*args)
+        end.record()
+    cuda.synchronize()
+    return float(np.median([start.elapsed_time(end) for start, end in events]))
 
 
 def torch_time(name, shapes):
@@ -113,7 +118,7 @@ def torch_time(name, shapes):
     f(*args)
     torch.cuda.synchronize()
     cold = time.perf_counter() - t0
-    ms = triton.testing.do_bench(lambda: f(*args))
+    ms = triton.testing.do_bench(lambda: f(*args), return_mode="median")
     del args
     torch.cuda.empty_cache()
     return ms, cold
@@ -139,7 +144,7 @@ def matmuls(names):
             ta = [torch.randn(n, n, device="cuda", dtype=getattr(torch, dt)) for _ in range(2)]
             tb = torch.randn(n, device="cuda", dtype=getattr(torch, dt))
             tf = torch.compile(lambda a, b, c: torch.relu(a @ b + c))
-            tms = triton.testing.do_bench(lambda: tf(ta[0], ta[1], tb))
+            tms = triton.testing.do_bench(lambda: tf(ta[0], ta[1], tb), return_mode="median")
             row.update(torch_ms=tms, torch_tflops=2 * n ** 3 / tms * 1e-9, speedup=tms / ms,
                        torch_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
         except ImportError:

@@ -247,6 +247,7 @@ EXCEPTIONS = {
     "listing_9_4.txt": {"tmp0 = tl.load(in_ptr0 + (r0_1 + 2*x0), r0_mask & xmask, eviction_policy='evict_first', other=0.0)",
                         "tmp3 = tl.where(r0_mask & xmask, tmp1, 0)"},
     "listing_9_5.txt": {"def triton_per_fused_0(in_ptr0, out_ptr2, xnumel, r0_numel, XBLOCK : tl.constexpr):",
+                        "tmp0 = tl.load(in_ptr0 + (r0_1 + 1000*x0), r0_mask & xmask, eviction_policy='evict_first', other=0.0)",
                         "tmp6 = tmp1 - tmp5",
                         "tl.store(out_ptr2 + (r0_1 + 1000*x0), tmp13, r0_mask & xmask)"},
     "listing_9_6.txt": {"def call(self, args):", "with tp.cuda.device(0):", "tp.cuda.set_device(0)",

@@ -46,7 +46,7 @@ def triton_per_fused_1(in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK : tl.constexp
     rindex = r0_index
     r0_1 = r0_index
     x0 = xindex
-    tmp0 = tl.load(in_ptr0 + (r0_1 + 2*x0), xmask, eviction_policy='evict_first', other=0.0)
+    tmp0 = tl.load(in_ptr0 + (r0_1 + 2*x0), xmask, other=0.0)
     tmp1 = tl.broadcast_to(tmp0, [XBLOCK, R0_BLOCK])
     tmp2 = tl.where(xmask, tmp1, 0)
     tmp3 = tl.sum(tmp2, 1)[:, None].to(tl.float32)
