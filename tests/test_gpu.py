@@ -406,15 +406,18 @@ def test_pointwise_masks_dropped_only_when_every_block_divides_the_size():
 
 def test_looped_passes_keep_the_row_in_l2_until_the_last(monkeypatch):
     """A looped layer_norm reads each row three times: the first two passes load it with
-    evict_last (read again soon, from L2), the last with evict_first (never read again)."""
+    evict_last (read again soon, from L2), the last with evict_first (never read again; the rows
+    of 3072 floats start on cache lines). Rows of 1000 share lines: no evict_first."""
     from stax import codegen_triton
-    monkeypatch.setattr(codegen_triton, "MULTI_PASS_PERSISTENT_LIMIT", 1024)    # rows of 3000 loop
-    gen = check(lambda x, w, b: stax.layer_norm(x, (3000,), w, b), stax.randn(50, 3000),
-                stax.randn(3000), stax.randn(3000))
+    monkeypatch.setattr(codegen_triton, "MULTI_PASS_PERSISTENT_LIMIT", 1024)    # rows of 3072 loop
+    gen = check(lambda x, w, b: stax.layer_norm(x, (3072,), w, b), stax.randn(50, 3072),
+                stax.randn(3072), stax.randn(3072))
     (src,) = gen.kernels.values()
     rows = [line for line in src.splitlines() if "tl.load(in_ptr0" in line]
     assert len(rows) == 3 and src.count("for r0_offset") == 3
     assert ["evict_first" in r for r in rows] == [False, False, True]
+    (src,) = stax.generate(lambda x: stax.softmax(x, -1), stax.randn(8, 1000), device="cuda").kernels.values()
+    assert "eviction_policy" not in src
 
 
 def test_multi_pass_rows_get_both_forms_and_the_faster_runs(monkeypatch):
