@@ -28,7 +28,7 @@ import sympy
 from . import cache
 from .runtime import storage_ctype
 T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
-from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars,
+from .lower import (FloorDiv, ModularIndexing, Reduction, ReinterpretView, compute_dtype, index_vars,
                     merge_dims, set_handler, simplify_index)
 from .schedule import all_indices, dead_after, node_index, phases, store_index
 
@@ -724,6 +724,9 @@ def generate(sched) -> CppModule:
 def _pyarg(a):
     if isinstance(a, list):
         return "[" + ", ".join(_pyarg(x) for x in a) + "]"
+    if isinstance(a, ReinterpretView):       # a view of a buffer, handed over without a copy
+        lay = a.layout
+        return f"reinterpret_tensor({a.buffer}, {_pyshape(lay.shape)}, {_pyshape(lay.stride)}, {lay.offset})"
     return a if isinstance(a, str) else repr(a)
 
 

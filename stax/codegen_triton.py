@@ -873,7 +873,7 @@ def generate(sched) -> TritonModule:
         call, new = [], set()
         if g.kind == "extern" and template_applies(g.nodes[0], low):
             e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
-            name, src, numels = mm_template(index, e, low)
+            name, src, operands, numels = mm_template(index, e, low)
             call.append(f"{e.name} = empty_strided_cuda({_pyshape(e.layout.shape)}, "
                         f"{_pyshape(e.layout.stride)}, stax.{e.dtype.name})")
             new.add(e.name)
@@ -881,7 +881,7 @@ def generate(sched) -> TritonModule:
                 call.append("raw_stream0 = get_raw_stream(0)")
             kernels[name] = src
             index += 1
-            call.append(f"{name}.run({', '.join(list(e.inputs) + [e.name] + [str(v) for v in numels])}, "
+            call.append(f"{name}.run({', '.join(operands + [e.name] + [str(v) for v in numels])}, "
                         f"stream=raw_stream0)")
         elif g.kind == "extern":
             e = g.nodes[0]

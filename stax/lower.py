@@ -241,6 +241,17 @@ class ExternKernel:
     origins: list = field(default_factory=list)
 
 
+@dataclass(eq=False)
+class ReinterpretView:
+    """An extern kernel's input read in place: a strided view of a buffer (Inductor's
+    ReinterpretView), so that `x @ w.t()` hands the matmul `w` with swapped strides, not a copy."""
+    buffer: str
+    layout: Layout
+
+    def __repr__(self):
+        return f"{self.buffer}.as_strided({self.layout.shape}, {self.layout.stride}, {self.layout.offset})"
+
+
 @dataclass
 class LoweredGraph:
     inputs: list                    # InputBuffer, in call order
@@ -660,6 +671,9 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     def emit(buf):
         buffers.append(buf)
 
+    def dtype_of(name):
+        return next(b.dtype for b in inputs + buffers if b.name == name)
+
     def realize(v: Value) -> Value:
         if v.buffer is not None:
             return v
@@ -700,8 +714,9 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
             ins = []
             for a in args:
                 if isinstance(a, Value):
-                    a = realize(a)
-                    ins.append(a.buffer)
+                    # a view of a buffer is handed over in place (strides, offset); else stored
+                    view = strided_view(a, dtype_of) if a.buffer is None else None
+                    ins.append(view if view is not None else realize(a).buffer)
                 else:
                     ins.append(a)
             name = new_name()
@@ -755,6 +770,42 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     if split_policy is not None:
         _apply_split_policy(lowered, split_policy, new_name)
     return lowered
+
+
+class _ViewProbe:
+    """ops handler: does a value's body do nothing but load one buffer? (then it is a view)"""
+
+    def __init__(self):
+        self.loads, self.other = [], False
+
+    def load(self, name, index):
+        self.loads.append((name, index))
+        return self
+
+    def __getattr__(self, name):
+        def op(*args):
+            self.other = True
+        return op
+
+
+def strided_view(v: Value, dtype_of) -> ReinterpretView | None:
+    """v as a strided view of one buffer (its index affine in the loop variables), else None."""
+    idx = index_vars("v", len(v.shape))
+    probe = _ViewProbe()
+    with set_handler(probe):
+        out = v.loader(idx)
+    if probe.other or out is not probe or len(probe.loads) != 1:
+        return None
+    name, index = probe.loads[0]
+    if dtype_of(name) is not v.dtype:
+        return None
+    index = sympy.expand(sympy.sympify(index))
+    strides = [index.coeff(i) for i in idx]
+    offset = index.subs({i: 0 for i in idx})
+    affine = offset + sum((s * i for s, i in zip(strides, idx)), sympy.Integer(0))
+    if any(not sympy.sympify(x).is_Integer for x in (*strides, offset)) or sympy.expand(index - affine) != 0:
+        return None
+    return ReinterpretView(name, Layout(tuple(v.shape), tuple(strides), offset))
 
 
 class LoadCollector:

@@ -8,7 +8,8 @@ sympy or triton: a warm start pays only for capture, a hash and a dlopen.
 
 Where to look:
   - `load_cpu_module`, `load_gpu_module` ........ compile/dlopen, write the wrapper to a file, import it
-  - `cpu_wrapper_globals`, `gpu_wrapper_globals`  ptr(), empty(), assert_size_stride(), extern_kernel()
+  - `cpu_wrapper_globals`, `gpu_wrapper_globals`  ptr(), empty(), assert_size_stride(), extern_kernel(),
+    reinterpret_tensor()
   - `async_compile` ............................. Listing 9.6's kernel handles (compiled at first launch)
   - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes
 """
@@ -31,6 +32,12 @@ def assert_size_stride(t, shape, stride, what="input"):
     if t._meta.shape != shape or t._meta.stride != stride:
         raise AssertionError(f"{what}: expected size {shape} and stride {stride}, got size "
                              f"{tuple(t.shape)} and stride {tuple(t.stride())}")
+
+
+def reinterpret_tensor(t, shape, stride, offset):
+    """A view of `t`'s storage with the given layout (an extern kernel's input, no copy)."""
+    return T.Tensor._make(t._storage, T.Meta(tuple(shape), tuple(stride), t.dtype, t.device,
+                                             t._meta.offset + offset), base=t)
 
 
 def extern_kernel(op, inputs, params, dtype, device="cpu"):
@@ -79,7 +86,8 @@ def cpu_wrapper_globals(ffi, lib) -> dict:
         return T.empty(*shape, dtype=dtype)
 
     names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
-             "extern_kernel": extern_kernel, "launch_prologue": launch_prologue}
+             "extern_kernel": extern_kernel, "launch_prologue": launch_prologue,
+             "reinterpret_tensor": reinterpret_tensor}
     names.update({d.name: d for d in T.DTYPES.values()})
     return names
 
@@ -130,7 +138,7 @@ def gpu_wrapper_globals() -> dict:
 
     return {"stax": stax, "assert_size_stride": assert_size_stride, "async_compile": async_compile,
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
-            "extern_kernel": gpu_extern_kernel}
+            "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor}
 
 
 def load_gpu_module(source: str):

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .lower import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, index_vars,
-                    set_handler, simplify_index)
+from .lower import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView,
+                    index_vars, set_handler, simplify_index)
 
 # ---- Data types ----
 
@@ -120,6 +120,8 @@ def buffer_reads(buf) -> set:
             for x in (a if isinstance(a, list) else [a]):
                 if isinstance(x, str):
                     names.add(x)
+                elif isinstance(x, ReinterpretView):
+                    names.add(x.buffer)
         return names
     x, r = _node_loops(buf)
     return {name for name, _ in _reads(buf, index_vars("x", len(x)), index_vars("r", len(r)))}

@@ -111,10 +111,11 @@ def _term(var: str, stride: int) -> list:
     return [] if stride == 0 else [var if stride == 1 else f"{var} * {stride}"]
 
 
-def _index(batch: tuple, strides: list, rows: str, cols: str) -> str:
-    """One operand's offsets: its batch term, then rows × stride + cols × stride."""
+def _index(batch: tuple, strides: list, rows: str, cols: str, offset: int) -> str:
+    """One operand's offsets: where its view starts, its batch term, rows × stride + cols × stride."""
     nb = len(batch)
-    terms = _batch_offset(batch, strides[:nb]) + _term(rows, strides[-2]) + _term(cols, strides[-1])
+    terms = ([str(offset)] if offset else []) + _batch_offset(batch, strides[:nb])
+    terms += _term(rows, strides[-2]) + _term(cols, strides[-1])
     return " + ".join(terms) or "0"
 
 
@@ -141,28 +142,37 @@ def _static(layout) -> bool:
     return all(sympy.sympify(v).is_Integer for v in (*layout.shape, *layout.stride))
 
 
+def _operand(name_or_view, lowered) -> tuple:
+    """(buffer name, dtype, layout) of a matmul operand: a buffer, or a strided view of one."""
+    if isinstance(name_or_view, str):
+        buf = lowered.buffer(name_or_view)
+        return buf.name, buf.dtype, buf.layout
+    return name_or_view.buffer, lowered.buffer(name_or_view.buffer).dtype, name_or_view.layout
+
+
 def template_applies(e, lowered) -> bool:
     """A float matmul with static sizes and at most 65535 batches runs as a template."""
     if e.op != "matmul" or e.dtype.name not in TEMPLATE_DTYPES or not _static(e.layout):
         return False
-    a, b = (lowered.buffer(n) for n in e.inputs)
-    if not (_static(a.layout) and _static(b.layout)) or a.dtype is not e.dtype or b.dtype is not e.dtype:
-        return False
+    for _, dtype, layout in (_operand(x, lowered) for x in e.inputs):
+        if not _static(layout) or not sympy.sympify(layout.offset).is_Integer or dtype is not e.dtype:
+            return False
     return _prod(int(s) for s in e.layout.shape[:-2]) <= 65535
 
 
 def mm_template(index: int, e, lowered) -> tuple:
-    """(kernel name, kernel source, launch arguments after the three pointers)."""
-    a, b = (lowered.buffer(n) for n in e.inputs)
+    """(kernel name, kernel source, the buffers and sizes its launch passes)."""
+    (a_name, _, a), (b_name, _, b) = (_operand(x, lowered) for x in e.inputs)
     shape = tuple(int(s) for s in e.layout.shape)
-    (m, n), k, batch = shape[-2:], int(a.layout.shape[-1]), shape[:-2]
-    sa, sb, sc = ([int(s) for s in x.layout.stride] for x in (a, b, e))
-    big = any(_prod(int(s) for s in x.layout.shape) >= INT32_LIMIT for x in (a, b, e))
+    (m, n), k, batch = shape[-2:], int(a.shape[-1]), shape[:-2]
+    sa, sb, sc = ([int(s) for s in x.stride] for x in (a, b, e.layout))
+    big = any(int(x.offset) + sum((int(d) - 1) * abs(int(st)) for d, st in zip(x.shape, x.stride)) + 1
+              >= INT32_LIMIT for x in (a, b, e.layout))
     body = _MM_BODY.format(
         M=m, N=n, K=k, to64=".to(tl.int64)" if big else "",
-        a_index=_index(batch, sa, "rm[:, None]", "rk[None, :]"),
-        b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]"),
-        c_index=_index(batch, sc, "rm[:, None]", "rn[None, :]"),
+        a_index=_index(batch, sa, "rm[:, None]", "rk[None, :]", int(a.offset)),
+        b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]", int(b.offset)),
+        c_index=_index(batch, sc, "rm[:, None]", "rn[None, :]", 0),
         a_step=" * ".join(_term("BLOCK_K", sa[-1])) or "0", b_step=" * ".join(_term("BLOCK_K", sb[-2])) or "0",
         precision=', input_precision="ieee"' if e.dtype.name == "float32" else "",
         out_dtype=TEMPLATE_DTYPES[e.dtype.name])
@@ -180,4 +190,4 @@ def mm_template(index: int, e, lowered) -> tuple:
            f"@triton.jit\n"
            f"def {name}({', '.join(list(signature) + consts)}):\n"
            + "\n".join("    " + line if line else line for line in body.split("\n")) + "\n")
-    return name, src, [_prod(batch), m, n, k]
+    return name, src, [a_name, b_name], [_prod(batch), m, n, k]

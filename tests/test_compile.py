@@ -326,6 +326,26 @@ def test_matmul_cat_stack(rng):
     check_all(got, want)
 
 
+def test_fallback_inputs_that_are_views_are_not_copied(rng):
+    """`x @ w.t()`, a sliced weight, a broadcast batch: the matmul gets the buffer with the view's
+    strides and offset (reinterpret_tensor), no copy kernel; a view that is not affine (a reshape
+    that mixes dims) or one with arithmetic is still stored first."""
+    x, w, ba = rand(rng, 7, 9), rand(rng, 13, 10), rand(rng, 3, 1, 5, 9)
+    X, W, BA = f64(x), f64(w), f64(ba)
+    cases = [
+        (lambda x, w: x @ w[2:11, 1:].t(), (x, w), X @ W[2:11, 1:].T, 0),
+        (lambda x, w: x @ w[:9, :9], (x, w), X @ W[:9, :9], 0),
+        (lambda ba, w: ba @ w[:9, :6].expand(4, 9, 6), (ba, w), BA @ np.broadcast_to(W[:9, :6], (4, 9, 6)), 0),
+        (lambda x, w: x @ w.t().reshape(13, 10)[:9, :4], (x, w), X @ W.T.reshape(13, 10)[:9, :4], 1),
+        (lambda x, w: x @ (w[:9, :5] * 2), (x, w), X @ (W[:9, :5] * 2), 1),
+    ]
+    for fn, args, want, copies in cases:
+        gen = stax.generate(fn, *args)
+        assert len(gen.kernels) == copies, gen
+        assert ("reinterpret_tensor(" in gen.wrapper) == (copies == 0)
+        assert_close(stax.compile(fn)(*args), want, stax.float32)
+
+
 def test_views(rng):
     x, v = rand(rng, 6, 10), rand(rng, 10)
 

@@ -373,6 +373,17 @@ def test_matmul_runs_as_a_triton_template(name, fn, shapes):
     assert "extern_kernel" not in gen.module.source
 
 
+def test_matmul_template_reads_views_in_place():
+    """`x @ w.t()` and a sliced, offset weight: the template reads the weight's buffer with the
+    view's strides and offset; no copy kernel runs before it."""
+    x, w = stax.randn(37, 29), stax.randn(50, 31)
+    for fn, b_line in ((lambda x, w: x @ w[3:32, 2:].t(), "B = in_ptr1 + (95 + rk[:, None] + rn[None, :] * 31)"),
+                       (lambda x, w: x @ w[5:34, 1:30], "B = in_ptr1 + (156 + rk[:, None] * 31 + rn[None, :])")):
+        gen = check(fn, x, w)
+        (src,) = gen.kernels.values()
+        assert src.startswith("# triton_tem_fused_mm_0") and b_line in src
+
+
 def test_matmul_template_dtypes_nan_and_fallbacks(monkeypatch):
     a, b = stax.randn(20, 40), stax.randn(40, 24)
     for dt in (stax.float16, stax.bfloat16):
