@@ -156,6 +156,8 @@ EXAMPLES = {
     "ex6_1": (lambda x, y: x.t() + y, [(512, 256), (256, 512)]),
     "ex6_2": (lambda x: (x * x).sum(-1), [(64, 16384)]),
     "softmax": (lambda x: stax.softmax(x, -1), [(256, 1000)]),
+    # §9.8 has no listing of the whole kernel: a linear layer, its weight read through w.t() in place
+    "linear": (lambda x, w, b: stax.relu(x @ w.t() + b), [(64, 128), (256, 128), (256,)]),
 }
 MORE = {
     "argmax": (lambda x: (x.argmax(1), x.argmin(0), x.amin()), [(37, 5300)]),
