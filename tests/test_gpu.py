@@ -308,8 +308,8 @@ def test_online_softmax_pair_for_rows_too_long_for_registers(monkeypatch):
     """Prop. 9.1: a looped softmax computes the row max and the sum of exponentials in one pass,
     as the pair (m, d); two passes over the row instead of three, and the same results as eager
     (also for rows holding -inf, inf and NaN)."""
-    from stax import codegen_triton
-    monkeypatch.setattr(codegen_triton, "MULTI_PASS_PERSISTENT_LIMIT", 1024)   # rows of 2000 loop
+    from stax import triton_reduction
+    monkeypatch.setattr(triton_reduction, "MULTI_PASS_PERSISTENT_LIMIT", 1024)   # rows of 2000 loop
     x = stax.randn(300, 2000) * 4
     x[1] = float("-inf")
     x[2, 7] = float("inf")
@@ -421,8 +421,8 @@ def test_looped_passes_keep_the_row_in_l2_until_the_last(monkeypatch):
     """A looped layer_norm reads each row three times: the first two passes load it with
     evict_last (read again soon, from L2), the last with evict_first (never read again; the rows
     of 3072 floats start on cache lines). Rows of 1000 share lines: no evict_first."""
-    from stax import codegen_triton
-    monkeypatch.setattr(codegen_triton, "MULTI_PASS_PERSISTENT_LIMIT", 1024)    # rows of 3072 loop
+    from stax import triton_reduction
+    monkeypatch.setattr(triton_reduction, "MULTI_PASS_PERSISTENT_LIMIT", 1024)    # rows of 3072 loop
     gen = check(lambda x, w, b: stax.layer_norm(x, (3072,), w, b), stax.randn(50, 3072),
                 stax.randn(3072), stax.randn(3072))
     (src,) = gen.kernels.values()

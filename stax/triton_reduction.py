@@ -1,0 +1,273 @@
+"""§9.4–9.5 Reduction kernels for the GPU: the three forms, and several reductions in one kernel.
+
+Consumes a reduction fusion group, through `codegen_triton`'s kernel state (`TritonKernel`, its
+axes and its printer); produces the kernel body's lines, the form ('per' persistent: the row in
+registers; 'red' looped: R0_BLOCK at a time) and the ReductionHint. The third form, the split
+reduction, is decided before this: lowering splits the group in two (Alg. 6.1, `split_policy`).
+`codegen_triton.generate` calls `reduction_kernel` and prints the result as a whole kernel.
+
+Where to look:
+  - `_reduction_form` ........ §9.4's rule (persistent up to 1024 INNER, 64 OUTER), and both forms
+                               for multi-pass rows up to MULTI_PASS_PERSISTENT_LIMIT (measured)
+  - `_persistent_phase` ...... a reduction over a row held in registers (Listings 9.1, 9.5)
+  - `_looped_phase` .......... the R0_BLOCK loop with an XBLOCK × R0_BLOCK accumulator (Listing 9.4)
+  - `_online_phase` .......... Prop. 9.1: softmax's max and sum in one pass, as the pair (m, d)
+  - `reduction_kernel` ....... the entry: phases of a group (`schedule.phases`) in order
+"""
+from __future__ import annotations
+
+import importlib
+
+import sympy
+
+from .codegen_triton import (TritonKernel, TritonPrinter, TVar, _axis_lines, _setup_axes, _var_lines,
+                             literal, next_pow2, texpr, tl_dtype)
+from .lower import Reduction, reduction_identity, set_handler
+from .schedule import node_index, phases
+
+T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+
+# ---- §9.4 The three forms of reduction kernels ----
+
+MULTI_PASS_PERSISTENT_LIMIT = 32768
+
+
+def _reduction_form(k) -> tuple:
+    """§9.4: ('per', R0_BLOCK) for a short row, else ('red', None); plus the ReductionHint."""
+    rnumel = k.raxis.numel
+    inner = any(sympy.sympify(e).coeff(k.raxis.dims[-1]) == 1 for e in k.exprs) if k.raxis.dims else True
+    hint = "INNER" if inner else "OUTER"
+    if not rnumel.is_Integer:
+        return "red", None, hint
+    limit = 1024 if inner else 64
+    if inner and int(rnumel) > limit and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
+        # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) up to
+        # MULTI_PASS_PERSISTENT_LIMIT gets both forms, and the launch measures which is faster
+        # (async_compile.multi_kernel). Neither wins everywhere on the H200 (bench/RESULTS.md):
+        # rows in registers are read once (softmax 65536×4096: 0.93 of the floor against 0.81
+        # looped), while a looped layer_norm, its row kept in L2 between passes, reaches 1.01
+        # against 0.96 persistent. The persistent form is the heuristic default.
+        if int(rnumel) <= MULTI_PASS_PERSISTENT_LIMIT:
+            k.other_form = "red" if k.force_form is None else None
+            if k.force_form != "red":
+                return "per", next_pow2(int(rnumel)), hint
+        return "red", None, hint
+    if int(rnumel) <= limit:
+        return "per", next_pow2(int(rnumel)), hint
+    return "red", None, hint
+
+
+_RED_FN = {"sum": "tl.sum({v}, 1)", "prod": "triton_helpers.prod({v}, 1)",
+           "amax": "triton_helpers.max2({v}, 1)", "amin": "triton_helpers.min2({v}, 1)"}
+_COMBINE = {"sum": "({a} + {v})", "prod": "({a} * {v})",
+            "amax": "triton_helpers.maximum({a}, {v})", "amin": "triton_helpers.minimum({a}, {v})"}
+
+
+def _identity(n) -> str:
+    """A reduction's identity as the listings print it: 0 and 1 plain, ±inf as float("±inf")."""
+    v = reduction_identity(n.reduction_type, n.src_dtype)
+    return str(int(v)) if v in (0, 1) and not isinstance(v, bool) else literal(v, n.src_dtype)
+
+
+def _reduce_mask(k) -> str:
+    return " & ".join(m for m in ("r0_mask", "xmask") if m not in k.always_true)
+
+
+def _flat_rindex(k) -> str:
+    return texpr(sum((d * sympy.prod(k.raxis.sizes[i + 1:]) for i, d in enumerate(k.raxis.dims)), sympy.Integer(0)))
+
+
+def _persistent_phase(k, nodes, xvars, rvars, p):
+    """The whole row is in registers: each reduction is one tl.sum / max2 over dimension 1."""
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if isinstance(n, Reduction):
+            mask = _reduce_mask(k)
+            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            acc = tl_dtype(n.src_dtype)
+            if n.reduction_type in ("argmax", "argmin"):
+                ident = _identity(n)
+                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+                pair = k.new_tmp()
+                p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 1)")
+                result = p._emit(f"{pair}[:, None]", T.int64)
+            else:
+                ident = _identity(n)
+                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                result = p._emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
+            k.locals[n.name] = result
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, result, xvars, rvars))
+        else:
+            k.locals[n.name] = value
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, value, xvars, rvars))
+
+
+def _looped_phase(k, nodes, xvars, rvars) -> list:
+    """Loop over the row in R0_BLOCK steps with an XBLOCK × R0_BLOCK accumulator (Listing 9.4)."""
+    pre, post = [], []
+    reductions = [n for n in nodes if isinstance(n, Reduction)]
+    accs = {}
+    for n in reductions:
+        num = k.new_tmp()[3:]
+        accs[n.name] = num
+        ident = _identity(n)
+        pre.append(f"_tmp{num} = tl.full([XBLOCK, R0_BLOCK], {ident}, {tl_dtype(n.src_dtype)})")
+        if n.reduction_type in ("argmax", "argmin"):
+            pre.append(f"_tmp{num}_index = tl.full([XBLOCK, R0_BLOCK], 0, tl.int64)")
+    p = TritonPrinter(k)
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if isinstance(n, Reduction):
+            num, mask = accs[n.name], _reduce_mask(k)
+            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            if n.reduction_type in ("argmax", "argmin"):
+                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                fn = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
+                nv, ni = k.new_tmp(), k.new_tmp()
+                p.lines.append(f"{nv}, {ni} = triton_helpers.{fn}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
+                p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
+                p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
+                fn2 = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+                post.append(f"_, tmp{num}_idx = triton_helpers.{fn2}(_tmp{num}, _tmp{num}_index, 1)")
+                post.append(f"tmp{num} = tmp{num}_idx[:, None]")
+                k.locals[n.name] = TVar(f"tmp{num}", T.int64)
+            else:
+                comb = p._emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
+                p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
+                post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[:, None]")
+                k.locals[n.name] = TVar(f"tmp{num}", n.src_dtype)
+            if n.name not in k.sched.kernel_local:
+                post.append(k.store(n, k.locals[n.name], xvars, rvars))
+        else:
+            k.locals[n.name] = value
+            if n.name not in k.sched.kernel_local:
+                p.lines.append(k.store(n, value, xvars, rvars))
+    for n in nodes:                       # per-element values do not outlive their loop
+        if not isinstance(n, Reduction):
+            k.locals.pop(n.name, None)
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in p.lines]
+    return pre + loop + post
+
+
+# ---- §9.5 Online softmax (Prop. 9.1): a multi-pass row too long for registers, in two passes ----
+
+
+class _TreePrinter:
+    """An ops handler whose values are expression trees, to compare two bodies structurally."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def load(self, name, index):
+        return ("load", name, str(self.k.final(index)))
+
+    def masked(self, mask, body, other):
+        return ("masked", mask, body(), other)
+
+    def __getattr__(self, op):
+        return lambda *args: (op,) + tuple(a.name if hasattr(a, "itemsize") else a for a in args)
+
+
+def _tree(k, node, xvars, rvars):
+    idx, ridx = node_index(node, xvars, rvars)
+    with set_handler(_TreePrinter(k)):
+        return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+
+
+def _online_softmax_pair(k, nodes, next_phase, xvars, rvars) -> bool:
+    """This loop is `m = max_r v` and the next is `d = sum_r exp(v - m)` over the same v."""
+    if next_phase[0] != "loop" or len(nodes) != 1 or len(next_phase[1]) != 1:
+        return False
+    m, d = nodes[0], next_phase[1][0]
+    if not (isinstance(m, Reduction) and isinstance(d, Reduction)
+            and m.reduction_type == "amax" and d.reduction_type == "sum"
+            and m.src_dtype == d.src_dtype and m.src_dtype.is_floating_point):
+        return False
+    body = _tree(k, d, xvars, rvars)
+    if not (isinstance(body, tuple) and body[0] == "exp" and isinstance(body[1], tuple) and body[1][0] == "sub"):
+        return False
+    v, row_max = body[1][1], body[1][2]
+    return (v == _tree(k, m, xvars, rvars) and isinstance(row_max, tuple) and row_max[0] == "load"
+            and row_max[1] == m.name and not any(str(r) in row_max[2] for r in k.rvars_printed))
+
+
+def _online_phase(k, m, d, xvars, rvars) -> list:
+    """One pass over the row keeping (m, d) per lane: m' = max(m, v), d' = d·e^(m - m') + e^(v - m');
+    then the lanes are merged the same way (the pair is a monoid, Prop. 9.1)."""
+    nm, nd = k.new_tmp()[3:], k.new_tmp()[3:]
+    mask, ty = _reduce_mask(k), tl_dtype(m.src_dtype)
+    pre = [f'_tmp{nm} = tl.full([XBLOCK, R0_BLOCK], float("-inf"), {ty})',
+           f"_tmp{nd} = tl.full([XBLOCK, R0_BLOCK], 0, {ty})"]
+    p = TritonPrinter(k)
+    value = k.body(m, xvars, rvars, p)
+    v = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+    m_new = p._emit(f"triton_helpers.maximum(_tmp{nm}, {v})", m.src_dtype)
+    empty = p._emit(f'{m_new} == float("-inf")', T.bool_)      # nothing but -inf yet: e^(nan) would poison d
+    scale = p._emit(f"tl.where({empty}, 0.0, libdevice.exp(_tmp{nm} - {m_new}))", m.src_dtype)
+    term = p._emit(f"tl.where({empty}, 0.0, libdevice.exp({v} - {m_new}))", m.src_dtype)
+    p.lines.append(f"_tmp{nd} = tl.where({mask}, _tmp{nd} * {scale} + {term}, _tmp{nd})")
+    p.lines.append(f"_tmp{nm} = tl.where({mask}, {m_new}, _tmp{nm})")
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in p.lines]
+    post = [f"tmp{nm} = triton_helpers.max2(_tmp{nm}, 1)[:, None]",
+            f'tmp{nd} = tl.sum(tl.where(tmp{nm} == float("-inf"), 0.0, _tmp{nd} * libdevice.exp(_tmp{nm} - tmp{nm})), 1)[:, None]']
+    for node, num in ((m, nm), (d, nd)):
+        k.locals[node.name] = TVar(f"tmp{num}", node.src_dtype)
+        if node.name not in k.sched.kernel_local:
+            post.append(k.store(node, k.locals[node.name], xvars, rvars))
+    return pre + loop + post
+
+
+# ---- The whole reduction kernel ----
+
+
+def reduction_kernel(k: TritonKernel) -> tuple:
+    """A reduction group's kernel body: (form 'per' | 'red', lines, ReductionHint); Listings 9.1, 9.4, 9.5."""
+    g = k.group
+    xvars, rvars = _setup_axes(k, g.ranges, g.reduction_ranges)
+    form, r0_block, hint = _reduction_form(k)
+    rnumel = k.raxis.numel
+    k.always_true = {"r0_mask"} if form == "per" and rnumel.is_Integer and int(rnumel) == r0_block else set()
+    xaxis, raxis = k.axes[0], k.axes[1]
+    head = [f"xnumel = {texpr(xaxis.numel)}", f"r0_numel = {texpr(rnumel)}"]
+    if form == "per":
+        head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
+    head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
+    head += _axis_lines(k, xaxis, 0)
+    if form == "per":
+        head += _axis_lines(k, raxis, None, per_block=r0_block)
+        head += _var_lines(raxis) + _var_lines(xaxis)
+    else:
+        base = "tl.arange(0, R0_BLOCK)[None, :]" + (".to(tl.int64)" if k.index64 else "")
+        head += [f"r0_base = {base}", "rbase = r0_base"] + _var_lines(xaxis)
+    # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
+    # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
+    top = TritonPrinter(k)
+    plan = phases(k.group)
+    i = 0
+    while i < len(plan):
+        phase, nodes = plan[i]
+        k.row_read_again = form == "red" and any(p[0] == "loop" for p in plan[i + 1:])
+        if phase == "row":
+            for node in nodes:
+                value = k.body(node, xvars, rvars, top)
+                k.locals[node.name] = value
+                if node.name not in k.sched.kernel_local:
+                    top.lines.append(k.store(node, value, xvars, rvars))
+        elif form == "per":
+            _persistent_phase(k, nodes, xvars, rvars, top)
+        elif i + 1 < len(plan) and _online_softmax_pair(k, nodes, plan[i + 1], xvars, rvars):
+            # Prop. 9.1: the row max and the sum of exp(v - max) in one pass, as the pair (m, d)
+            top.lines += _online_phase(k, nodes[0], plan[i + 1][1][0], xvars, rvars)
+            i += 1
+        else:
+            top.lines += _looped_phase(k, nodes, xvars, rvars)
+        i += 1
+    return form, head + top.lines, hint
