@@ -265,6 +265,11 @@ class TileHint:
     DEFAULT = "DEFAULT"
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n, and 1 for n ≤ 1 (size hints, R0_BLOCK of a persistent row)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
 def _pow2_at_most(n: int, cap: int) -> int:
     p = 1
     while p * 2 <= min(n, cap):

@@ -29,7 +29,7 @@ import sympy
 
 from .codegen_cpp import _pyshape, extern_call, wrapper_launches, wrapper_prologue
 from .lower import FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims, set_handler, simplify_index
-from .autotune import MAX_OUTER_BLOCK, MAX_XBLOCK
+from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .schedule import all_accesses, node_index, store_index
 from .templates import mm_template, template_applies
 
@@ -130,10 +130,6 @@ def _tparen_s(s: str) -> str:
     return s if s.replace("_", "").isalnum() else f"({s})"
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 # ---- §9.3 Tiling ----
 
 
@@ -154,8 +150,9 @@ class Axis:
 
 
 MAX_TILING_AXES = 3          # the chapter's default limit on program axes (x, y, z)
-GRID_LIMIT_YZ = 65535        # CUDA's limit on the grid's y and z extents
-MIN_OUTER_BLOCK = 16         # smallest YBLOCK/ZBLOCK of the candidate configurations
+GRID_LIMIT_YZ = GRID_LIMIT[1]   # CUDA's limit on the grid's y and z extents
+MIN_OUTER_BLOCK = 16            # YBLOCK/ZBLOCK of the default configurations are ≥ this, so the
+                                # default always launches (candidates that would not are dropped)
 
 
 def _tiling_score(cuts, names, exprs, weights) -> int:
@@ -631,6 +628,13 @@ def generate(sched) -> TritonModule:
     low = sched.lowered
     kernels, multi, calls, allocated = {}, {}, [], {b.name for b in low.inputs}
     index = 0                        # the N of each kernel's name
+
+    def launch(call, sources: dict, runner: str, args: list):
+        if not kernels:
+            call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
+        kernels.update(sources)
+        call.append(f"{runner}.run({', '.join(args)}, stream=raw_stream0)")
+
     for g in sched.groups:
         call, new = [], set()
         if g.kind == "extern" and template_applies(g.nodes[0], low):
@@ -639,12 +643,8 @@ def generate(sched) -> TritonModule:
             call.append(f"{e.name} = empty_strided_cuda({_pyshape(e.layout.shape)}, "
                         f"{_pyshape(e.layout.stride)}, stax.{e.dtype.name})")
             new.add(e.name)
-            if not kernels:
-                call.append("raw_stream0 = get_raw_stream(0)")
-            kernels[name] = src
+            launch(call, {name: src}, name, operands + [e.name] + [str(v) for v in numels])
             index += 1
-            call.append(f"{name}.run({', '.join(operands + [e.name] + [str(v) for v in numels])}, "
-                        f"stream=raw_stream0)")
         elif g.kind == "extern":
             e = g.nodes[0]
             call += extern_call(e, low.unbacked, f"stax.{e.dtype.name}")
@@ -659,20 +659,18 @@ def generate(sched) -> TritonModule:
                     call.append(f"{p} = empty_strided_cuda({_pyshape(b.layout.shape)}, "
                                 f"{_pyshape(b.layout.stride)}, stax.{b.dtype.name})")
                     new.add(p)
-            if not kernels:
-                call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
-            kernels[name] = src
+            sources, runner = {name: src}, name
             if k.other_form is not None:
                 # both forms of a multi-pass row; the first launch measures them (multi_kernel_N)
                 k2 = TritonKernel(index, g, sched)
                 k2.force_form = k.other_form
                 name2, src2, params2, _ = _finish(k2, *reduction_kernel(k2))
                 assert params2 == params, (params, params2)
-                kernels[name2] = src2
-                multi[f"multi_kernel_{index}"] = [name, name2]
-                name = f"multi_kernel_{index}"
+                sources[name2] = src2
+                runner = f"multi_kernel_{index}"
+                multi[runner] = [name, name2]
+            launch(call, sources, runner, params + numels)
             index += 1
-            call.append(f"{name}.run({', '.join(params + numels)}, stream=raw_stream0)")
         allocated |= new
         calls.append((g.index, call, new))
     return TritonModule(kernels, _wrapper(sched, calls), sched, multi)

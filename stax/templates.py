@@ -21,7 +21,11 @@ Where to look:
 """
 from __future__ import annotations
 
+import math
+
 import sympy
+
+from .autotune import next_pow2
 
 TEMPLATE_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ one program per SM
@@ -31,19 +35,12 @@ INT32_LIMIT = 2 ** 31
 # ---- §9.6 Launch configurations and the grid ----
 
 
-def _pow2_at_least(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
-
-
 def template_configs(numels: dict) -> list:
     """The candidate set: block shapes around the chapter's 128×128×32, clamped to the sizes.
 
     The first is the heuristic default (what runs unmeasured, e.g. in Triton's interpreter)."""
     m, n, k = (int(numels.get(f"{p}numel", 1)) for p in "mnk")
-    cap_m, cap_n, cap_k = (max(16, _pow2_at_least(v)) for v in (m, n, k))
+    cap_m, cap_n, cap_k = (max(16, next_pow2(v)) for v in (m, n, k))
     out = []
     for bm, bn, bk, warps, stages in ((64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 4),
                                       (64, 128, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4),
@@ -125,17 +122,10 @@ def _batch_offset(batch: tuple, strides: tuple) -> list:
     for size, stride in reversed(list(zip(batch, strides))):
         if size != 1 and stride != 0:
             idx = "bid" if inner == 1 else f"(bid // {inner})"
-            idx = idx if inner * size == _prod(batch) else f"({idx} % {size})"
+            idx = idx if inner * size == math.prod(batch) else f"({idx} % {size})"
             terms += _term(idx, stride)
         inner *= size
     return terms[::-1]
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 def _static(layout) -> bool:
@@ -157,7 +147,7 @@ def template_applies(e, lowered) -> bool:
     for _, dtype, layout in (_operand(x, lowered) for x in e.inputs):
         if not _static(layout) or not sympy.sympify(layout.offset).is_Integer or dtype is not e.dtype:
             return False
-    return _prod(int(s) for s in e.layout.shape[:-2]) <= 65535
+    return math.prod(int(s) for s in e.layout.shape[:-2]) <= 65535
 
 
 def mm_template(index: int, e, lowered) -> tuple:
@@ -181,8 +171,8 @@ def mm_template(index: int, e, lowered) -> tuple:
     numel_type = "i64" if big else "i32"
     signature = {"in_ptr0": ptr, "in_ptr1": ptr, "out_ptr0": ptr, "bnumel": numel_type,
                  "mnumel": numel_type, "nnumel": numel_type, "knumel": numel_type}
-    hints = {"b": _pow2_at_least(_prod(batch)), "m": _pow2_at_least(m), "n": _pow2_at_least(n),
-             "k": _pow2_at_least(k)}
+    hints = {"b": next_pow2(math.prod(batch)), "m": next_pow2(m), "n": next_pow2(n),
+             "k": next_pow2(k)}
     consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr", "BLOCK_K : tl.constexpr",
               "GROUP_M : tl.constexpr"]
     src = (f"# {name}: computes {', '.join(dict.fromkeys(e.origins))}\n"
@@ -190,4 +180,4 @@ def mm_template(index: int, e, lowered) -> tuple:
            f"@triton.jit\n"
            f"def {name}({', '.join(list(signature) + consts)}):\n"
            + "\n".join("    " + line if line else line for line in body.split("\n")) + "\n")
-    return name, src, [a_name, b_name], [_prod(batch), m, n, k]
+    return name, src, [a_name, b_name], [math.prod(batch), m, n, k]

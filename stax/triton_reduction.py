@@ -20,8 +20,9 @@ import importlib
 
 import sympy
 
+from .autotune import next_pow2
 from .codegen_triton import (TritonKernel, TritonPrinter, TVar, _axis_lines, _setup_axes, _var_lines,
-                             literal, next_pow2, texpr, tl_dtype)
+                             literal, texpr, tl_dtype)
 from .lower import Reduction, reduction_identity, set_handler
 from .schedule import node_index, phases
 
