@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 from . import capture as _capture
 from . import tensor as _T
-from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API)
+from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES
+from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt

@@ -1,12 +1,15 @@
 """§3 Capture by tracing (and the §2 specialization it relies on).
 
+Layer: above tensor.py and tensor_ops.py (it installs itself as tensor.py's tracer); below lower.py,
+which consumes its `Graph`.
+
 Consumes a Python function and example inputs; produces a `Graph`: placeholder nodes for the tensor
 inputs, one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
 the outputs, and the write-backs of inputs the function updated in place.
 
-The function runs once on *proxy* tensors: `stax.tensor` routes every primitive op through one
-choke point (`tensor._dispatch`), which hands ops on proxies to the `Tracer` below instead of
-computing them. Python control flow runs normally, so a branch on a shape is simply taken (the
+The function runs once on *proxy* tensors: tensor.py routes every primitive op through one
+choke point (`tensor._dispatch`), which hands ops on proxies to the `Tracer` below (installed with
+`tensor.set_tracer`) instead of computing them. Python control flow runs normally, so a branch on a shape is simply taken (the
 specialization key covers shapes); a branch on tensor *data* (`bool(t)`, `t.item()`) cannot be
 recorded (§3.4) and raises `GraphBreak`, naming the user's source line.
 
@@ -19,12 +22,12 @@ Where to look:
 """
 from __future__ import annotations
 
-import importlib
 import os
 import traceback
 from dataclasses import dataclass, field
 
-T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+from .dtypes import DType
+from .tensor import VIEW_OPS, Meta, Tensor, _dispatch, set_tracer
 
 # ---- The graph ----
 
@@ -32,7 +35,7 @@ T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor
 @dataclass(eq=False)
 class Node:
     name: str
-    op: str                 # 'placeholder', 'constant' or a primitive op of tensor.py
+    op: str                 # 'placeholder', 'constant' or a primitive op (op_table.OPS)
     inputs: list            # Nodes, Python scalars, or (for 'cat') a list of Nodes
     params: dict
     meta: object            # tensor.Meta: shape, stride, offset, dtype, device
@@ -48,7 +51,7 @@ def _fmt_meta(meta) -> str:
 def _fmt_arg(a) -> str:
     if isinstance(a, list):
         return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
-    if isinstance(a, T.DType):
+    if isinstance(a, DType):
         return f"stax.{a.name}"
     return repr(a) if not isinstance(a, Node) else a.name
 
@@ -104,13 +107,13 @@ class Tracer:
     def placeholder(self, t, index: int):
         node = Node(f"arg{index}_1", "placeholder", [], {}, _meta_of(t))
         self.graph.inputs.append(node)
-        proxy = T.Tensor._proxy(node.meta, node)
+        proxy = Tensor._proxy(node.meta, node)
         proxy._origin = node
         return proxy
 
     def _node_of(self, x):
         """The node that currently holds a tensor's value (constants are lifted on first use)."""
-        if not isinstance(x, T.Tensor):
+        if not isinstance(x, Tensor):
             return x
         if x._node is None:
             if id(x) not in self.const_ids:
@@ -130,14 +133,14 @@ class Tracer:
         args = [[self._node_of(y) for y in x] if isinstance(x, (list, tuple)) else self._node_of(x)
                 for x in inputs]
         base = None
-        if op in T.VIEW_OPS:
+        if op in VIEW_OPS:
             base = inputs[0]._base if inputs[0]._base is not None else inputs[0]
         outs = []
         for k, meta in enumerate(metas):
             name = self._name(op if k == 0 else f"{op}_out{k}")
             node = Node(name, op, args, dict(params), self._bind_unbacked(meta, name))
             self.graph.nodes.append(node)
-            proxy = T.Tensor._proxy(node.meta, node)
+            proxy = Tensor._proxy(node.meta, node)
             proxy._seen = getattr(base, "_version", 0)
             outs.append(proxy)
         return outs
@@ -153,7 +156,7 @@ class Tracer:
                 s = sympy.Symbol(f"u{len(self.graph.unbacked)}", integer=True, nonnegative=True)
                 self.graph.unbacked[s] = (name, dim)
             shape.append(s)
-        return T.Meta(tuple(shape), _contiguous_strides(shape), meta.dtype, meta.device, 0)
+        return Meta(tuple(shape), _contiguous_strides(shape), meta.dtype, meta.device, 0)
 
     def mutate(self, target, value):
         """`target` is updated in place to `value` (same shape and dtype): rebind, write back inputs."""
@@ -187,7 +190,7 @@ def _contiguous_strides(shape) -> tuple:
 
 
 def _meta_of(t) -> object:
-    return T.Meta(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, 0)
+    return Meta(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, 0)
 
 
 def _root_placeholder(graph, base):
@@ -233,8 +236,8 @@ def _scatter_into(base, value, view_ops):
     if op == "reshape":
         return new_inner.reshape(*base.shape)
     if op in ("slice", "select"):
-        meta = T.Meta(tuple(base.shape), _contiguous_strides(base.shape), base.dtype, base.device, 0)
-        return T._dispatch(f"{op}_scatter", [base, new_inner], dict(params), [meta])[0]
+        meta = Meta(tuple(base.shape), _contiguous_strides(base.shape), base.dtype, base.device, 0)
+        return _dispatch(f"{op}_scatter", [base, new_inner], dict(params), [meta])[0]
     raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
                        "refers to a single memory location (an in-place update through expand())")
 
@@ -273,7 +276,7 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return (type(obj), [_flatten(x, leaves, alias) for x in obj])
     if isinstance(obj, dict):
         return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
-    if not isinstance(obj, T.Tensor):
+    if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
     if where is not None:
@@ -309,7 +312,7 @@ def unflatten(spec, leaves, inputs=()):
 
 def _map_tensors(obj, f):
     """`obj` with every Tensor inside (nested tuples, lists, dicts) replaced by f(tensor), in order."""
-    if isinstance(obj, T.Tensor):
+    if isinstance(obj, Tensor):
         return f(obj)
     if type(obj) in (tuple, list):
         return type(obj)(_map_tensors(x, f) for x in obj)
@@ -341,11 +344,11 @@ def capture(fn, args: list, kwargs: dict | None = None):
         return tracer.placeholder(t, count[0] - 1)
     proxies = _map_tensors(list(args), proxy)
     kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)], proxy)))
-    prev, T.TRACER = T.TRACER, tracer
+    prev = set_tracer(tracer)
     try:
         result = fn(*proxies, **kw)
     finally:
-        T.TRACER = prev
+        set_tracer(prev)
     leaves = []
     g = tracer.graph
     spec = _flatten(result, leaves, lambda t: _input_alias(t, g) if t._node is not None else None)

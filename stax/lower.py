@@ -435,7 +435,7 @@ def _lower_pointwise(node, args) -> Value:
         la = _broadcast_loader(src, out_shape)
         target = node.params["dtype"]
         if target in (T.float16, T.bfloat16) and src.dtype != target:
-            # a cast the user wrote still rounds (DESIGN.md): round to half, keep computing in float32
+            # a cast the user wrote still rounds (docs/DESIGN.md): round to half, keep computing in float32
             body = lambda idx: ops.to_dtype(ops.to_dtype(la(idx), target), T.float32)
         else:
             body = lambda idx: ops.to_dtype(la(idx), compute_dtype(target))

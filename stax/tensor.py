@@ -1,29 +1,33 @@
 """The tiny tensor: Stax's eager tensor, spelled like PyTorch, computed with numpy.
 
-This is "the tiny tensor" of DESIGN.md. It gives the user a `Tensor` (shape, stride, storage
-offset, dtype, device, storage shared between views), the factories, and eager execution of every
-op with PyTorch's names, signatures, dtype-promotion rules and error messages. It consumes Python
-scalars, nested lists and numpy arrays; it produces Tensors, and (for the compiler) the contract
-below. Two modules hold parts of it, and everything in them is reachable from here too
-(`stax.tensor.float32`, `T.reshape`): dtypes.py (the data types and promotion rules) and
-tensor_ops.py (the op functions: views, pointwise ops, reductions, matmul, cat, stack), which builds
-on this module and is imported at the end of it.
+Layer: above dtypes.py and op_table.py; below tensor_ops.py (which imports this module and never
+the other way round). This is "the tiny tensor" of docs/DESIGN.md, the §2/§3 substrate the
+compiler captures from. It gives the user a `Tensor` (shape, stride, storage offset, dtype, device,
+storage shared between views), the factories, and the one choke point every primitive op goes
+through. It consumes Python scalars, nested lists and numpy arrays; it produces Tensors, and (for
+the compiler) the contract below. The op functions with PyTorch's names (views, pointwise ops,
+reductions, matmul, cat, stack), the Tensor methods and operators that call them, and the in-place
+methods live in tensor_ops.py; the dtypes and promotion rules in dtypes.py (re-exported here:
+`stax.tensor.float32`); each primitive op's declaration and eager numpy implementation in
+op_table.py.
 
 The contract with the compiler: every primitive op goes through one choke point, `_dispatch(op,
-inputs, params, metas)`. Eagerly it runs `EAGER[op]` (plain numpy) or, for a view op, shares the
-input's storage. While `capture.py` traces (module-level `TRACER` is set and an input is a proxy
-tensor), `_dispatch` hands the op to `TRACER.record` instead. Composite ops (softmax, layer_norm,
-var, gelu, ...) are written only in terms of the public functions, so they trace into primitives
-automatically. In-place writes end in `_write(target, value)`, which the tracer sees as
-`TRACER.mutate`; views carry `_base` and `_view_ops` so the tracer can replay them functionally.
+inputs, params, metas)`. Eagerly it runs `EAGER[op]` (op_table.py's numpy implementation) or, for
+a view op, shares the input's storage. While `capture.py` traces (a tracer is installed with
+`set_tracer` and an input is a proxy tensor), `_dispatch` hands the op to the tracer's `record`
+instead. Composite ops (softmax, layer_norm, var, gelu, ...) are written only in terms of the
+public functions, so they trace into primitives automatically. In-place writes end in
+`_write(target, value)`, which the tracer sees as `mutate`; views carry `_base` and `_view_ops` so
+the tracer can replay them functionally.
 
 Where to look:
   - data types and promotion:  dtypes.py (DType, promote_types); result_type here
   - metadata and storage:      Meta, Storage, Tensor
-  - the choke point:           _dispatch, EAGER, VIEW_OPS, PRIMITIVES
+  - the tracer hook:           TRACER, current_tracer, set_tracer
+  - the choke point:           _dispatch, _run_eager, EAGER, VIEW_OPS, PRIMITIVES (views of op_table.OPS)
   - factories:                 tensor, from_numpy, full, zeros, empty, arange, randn
-  - views, pointwise ops, reductions, matmul, cat/stack: tensor_ops.py
-  - writes:                    _write, the in-place methods, Tensor.__setitem__
+  - writes:                    _write (the in-place methods and __setitem__ are in tensor_ops.py)
+  - views, pointwise ops, reductions, matmul, cat/stack, Tensor methods: tensor_ops.py
 """
 import builtins as _b
 import math
@@ -35,11 +39,12 @@ import numpy as np
 from .dtypes import (_ALIASES, _FROM_NP, _HALF, DTYPES, DType, _combine,  # noqa: F401 (re-exported)
                      _scalar_dtype, _to_compute_form, _to_storage_form, bfloat16, bool_, can_cast,
                      float16, float32, float64, int32, int64, promote_types)
+from .op_table import OPS, manual_seed, names
 
 __all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int32 int64 bool_
     promote_types result_type can_cast set_num_threads get_num_threads manual_seed tensor from_numpy
     set_default_device get_default_device
-    zeros ones full empty zeros_like ones_like full_like arange rand randn copy_ fill_ zero_""".split()
+    zeros ones full empty zeros_like ones_like full_like arange rand randn""".split()
 
 
 def __getattr__(name):
@@ -50,9 +55,20 @@ def __getattr__(name):
 
 # ---- Metadata, storage, the Tensor ----
 
-TRACER = None        # set by capture.py while tracing; see the module docstring
+TRACER = None        # installed by capture.py (set_tracer) while tracing; see the module docstring
 _NUM_THREADS = os.cpu_count() or 1
-_RNG = np.random.default_rng()
+
+
+def current_tracer():
+    """The tracer recording ops right now, or None when ops run eagerly."""
+    return TRACER
+
+
+def set_tracer(tracer):
+    """Install `tracer` (None: run eagerly); returns the previous one, to restore afterwards."""
+    global TRACER
+    prev, TRACER = TRACER, tracer
+    return prev
 
 
 def set_num_threads(n):
@@ -62,11 +78,6 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _NUM_THREADS
-
-
-def manual_seed(seed):
-    global _RNG
-    _RNG = np.random.default_rng(seed)
 
 
 @dataclass
@@ -107,6 +118,11 @@ def _meta(shape, dtype, device="cpu"):
 
 
 class Tensor:
+    """A strided view of a Storage (eager), or a proxy holding a graph node (while tracing).
+
+    Methods that call op functions (`.to`, `.T`, `x[...]`, `+`, `.sum`, `.add_`, ...) are bound
+    onto this class by tensor_ops.py.
+    """
     __array_ufunc__ = None   # numpy defers `ndarray op Tensor` to our reflected operators
     __hash__ = object.__hash__
 
@@ -128,7 +144,6 @@ class Tensor:
     dtype = property(lambda self: self._meta.dtype)
     device = property(lambda self: self._meta.device)
     ndim = property(lambda self: len(self._meta.shape))
-    T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
 
     def dim(self):
         return self.ndim
@@ -173,11 +188,6 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __iter__(self):
-        if self.ndim == 0:
-            raise TypeError("iteration over a 0-d tensor")
-        return (select(self, 0, i) for i in range(self.shape[0]))
-
     # data access: a proxy has no data, so each of these is a graph break while tracing
     def _need_data(self, what):
         if self._node is not None:
@@ -189,7 +199,7 @@ class Tensor:
         """Storage-form strided numpy view (shares memory)."""
         self._need_data("reading a tensor")
         m, isz = self._meta, self.dtype.np.itemsize
-        # a CUDA tensor is read through a host copy of its storage ("through the host", DESIGN.md)
+        # a CUDA tensor is read through a host copy of its storage ("through the host", docs/DESIGN.md)
         data = self._storage.data if self.device == "cpu" else self._storage.data.host()
         return np.lib.stride_tricks.as_strided(data[m.offset:], m.shape, tuple(s * isz for s in m.stride))
 
@@ -252,54 +262,6 @@ class Tensor:
             return f"tensor([], size={self.shape}{suffix})"
         body = np.array2string(self._compute(), separator=", ", prefix="tensor(")
         return f"tensor({body}{suffix})"
-
-    # casts
-    def to(self, *args, dtype=None, device=None, copy=False):
-        for a in args:
-            if isinstance(a, DType):
-                dtype = a
-            elif isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            else:
-                device = a
-        x = self
-        if device is not None and _norm_device(device) != self.device:
-            x = _move(self, _norm_device(device))
-        if dtype is None or dtype is x.dtype:
-            return clone(x) if copy and x is self else x
-        return to_dtype(x, dtype)
-
-    def cpu(self):
-        return self.to("cpu")
-
-    def cuda(self):
-        return self.to("cuda")
-
-    def float(self): return self.to(float32)
-    def double(self): return self.to(float64)
-    def half(self): return self.to(float16)
-    def bfloat16(self): return self.to(bfloat16)
-    def int(self): return self.to(int32)
-    def long(self): return self.to(int64)
-    def bool(self): return self.to(bool_)
-
-    def __setitem__(self, key, value):
-        target = self[key]
-        if isinstance(value, Tensor):
-            if value.dtype is not target.dtype:
-                value = to_dtype(value, target.dtype)
-            try:
-                value = expand(value, target.shape)
-            except RuntimeError:
-                raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} "
-                                   f"cannot be broadcast to indexing result of shape "
-                                   f"{list(target.shape)}") from None
-        else:
-            value = full(target.shape, value, dtype=target.dtype, device=target.device)
-        _write(target, value)
-
-    def __getitem__(self, key):
-        return _getitem(self, key)
 
 
 # the one dtype rule that looks at tensors (dtypes.py has the others)
@@ -383,18 +345,16 @@ def _device(*xs):
 
 # ---- The choke point ----
 
-UNARY_OPS = ("neg abs exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf relu floor ceil round "
-             "trunc sign reciprocal isnan isinf logical_not bitwise_not").split()
-BINARY_OPS = ("add sub mul div floordiv remainder pow maximum minimum eq ne lt le gt ge logical_and "
-              "logical_or logical_xor bitwise_and bitwise_or bitwise_xor").split()
-REDUCTION_OPS = ("sum", "prod", "amax", "amin", "argmax", "argmin")
-VIEW_OPS = frozenset(("permute", "expand", "slice", "select", "reshape"))
-FACTORY_OPS = frozenset(("full", "arange", "rand", "randn"))
-PRIMITIVES = frozenset(UNARY_OPS + BINARY_OPS + list(REDUCTION_OPS) + list(VIEW_OPS) + list(
-    FACTORY_OPS) + ["where", "to_dtype", "cumsum", "matmul", "cat", "clone", "nonzero", "unique"])
+# views of op_table.OPS (op_table.py declares every primitive op once)
+UNARY_OPS = names("unary")
+BINARY_OPS = names("binary")
+REDUCTION_OPS = tuple(names("reduction"))
+VIEW_OPS = frozenset(names("view"))
+FACTORY_OPS = frozenset(names("factory"))
+PRIMITIVES = frozenset(name for name, d in OPS.items() if d.kind != "scatter")   # what _dispatch runs
 # ops whose Tensor inputs are cast to one compute dtype before the numpy function runs
-_CAST_OPS = frozenset(UNARY_OPS + BINARY_OPS + ["where", "sum", "prod", "amax", "amin", "cumsum",
-                                                "matmul", "cat"])
+_CAST_OPS = frozenset(name for name, d in OPS.items() if d.cast_inputs)
+EAGER = {name: d.eager for name, d in OPS.items() if d.eager is not None}
 
 
 def _dispatch(op, inputs, params, metas):
@@ -441,74 +401,6 @@ def _run_eager(op, inputs, params, metas):
     return outs
 
 
-def _erf(x):
-    # numpy has no erf; math.erf is exact to double precision (slow, but this is the eager reference)
-    return np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(x.dtype)
-
-
-def _keep_int(f):
-    return lambda x: x.copy() if x.dtype.kind in "iub" else f(x)
-
-
-def _reduce(f):
-    return lambda x, dims, keepdim: f(x, axis=dims, keepdims=keepdim)
-
-
-def _arg_reduce(f):
-    def run(x, dims, keepdim):
-        kept = [d for d in range(x.ndim) if d not in dims]
-        y = x.transpose(kept + list(dims)).reshape([x.shape[d] for d in kept] + [-1])
-        r = f(y, axis=-1).astype(np.int64)
-        return r.reshape([1 if d in dims else x.shape[d] for d in range(x.ndim)]) if keepdim else r
-    return run
-
-
-def _int_div_check(f):
-    def run(a, b):
-        if b.dtype.kind in "iub" and not np.all(b):
-            raise RuntimeError("ZeroDivisionError")
-        return f(a, b)
-    return run
-
-
-def _unique(x):
-    return np.unique(x.reshape(-1))
-
-
-EAGER = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "exp2": np.exp2, "log": np.log,
-    "log2": np.log2, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "sin": np.sin,
-    "cos": np.cos, "tanh": np.tanh, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "erf": _erf,
-    "relu": lambda x: np.where(x < 0, 0, x),         # keeps NaN, unlike maximum(x, 0) on ints
-    "floor": _keep_int(np.floor), "ceil": _keep_int(np.ceil), "round": _keep_int(np.round),
-    "trunc": _keep_int(np.trunc), "sign": lambda x: np.sign(np.nan_to_num(x, nan=0, posinf=1, neginf=-1)),
-    "reciprocal": lambda x: 1 / x, "isnan": np.isnan, "isinf": np.isinf,
-    "logical_not": np.logical_not, "bitwise_not": np.invert,
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-    "floordiv": _int_div_check(np.floor_divide), "remainder": _int_div_check(np.remainder),
-    "pow": np.power,
-    "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal, "ne": np.not_equal,
-    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
-    "where": lambda c, a, b: np.where(c.astype(bool), a, b),
-    "to_dtype": lambda x, dtype: x,                   # the result wrapper rounds to the new dtype
-    "sum": _reduce(np.sum), "prod": _reduce(np.prod), "amax": _reduce(np.max),
-    "amin": _reduce(np.min), "argmax": _arg_reduce(np.argmax), "argmin": _arg_reduce(np.argmin),
-    "cumsum": lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
-    "matmul": np.matmul,
-    "cat": lambda xs, dim: np.concatenate(xs, axis=dim),
-    "clone": lambda x: x,                              # the wrapper copies into fresh storage
-    "full": lambda shape, value, dtype: np.full(shape, value, dtype.compute),
-    "arange": lambda start, end, step, dtype: (
-        start + np.arange(len(range(0, math.ceil((end - start) / step)))) * step).astype(dtype.compute),
-    "rand": lambda shape, dtype: _RNG.random(shape, dtype=np.float64 if dtype is float64 else np.float32),
-    "randn": lambda shape, dtype: _RNG.standard_normal(shape, dtype=np.float64 if dtype is float64 else np.float32),
-    "nonzero": lambda x: np.argwhere(x).astype(np.int64),
-    "unique": _unique,
-}
-
-
 def _op(op, inputs, params, meta):
     return _dispatch(op, inputs, params, [meta])[0]
 
@@ -545,9 +437,11 @@ def tensor(data, dtype=None, device=None):
     """A new tensor holding a copy of `data` (nested lists, scalars, numpy arrays, tensors)."""
     device = _DEFAULT_DEVICE if device is None else device
     if _norm_device(device) != "cpu":
-        return tensor(data, dtype).to(device)
+        return _move(tensor(data, dtype), _norm_device(device))
     if isinstance(data, Tensor):
-        return clone(data.to(dtype or data.dtype))
+        if dtype is not None and dtype is not data.dtype:
+            data = _op("to_dtype", [data], {"dtype": dtype}, _meta(data.shape, dtype, data.device))
+        return _op("clone", [data], {}, _meta(data.shape, data.dtype, data.device))
     a = np.asarray(data)
     if dtype is None:
         if isinstance(data, np.ndarray):
@@ -579,8 +473,8 @@ def from_numpy(a):
 
 def _factory(op, params, shape, dtype, device):
     device = _DEFAULT_DEVICE if device is None else _norm_device(device)
-    if device != "cpu" and TRACER is None:
-        return _op(op, [], params, _meta(shape, dtype)).to(device)
+    if device != "cpu" and TRACER is None:   # made on the host, then copied to the device
+        return _move(_op(op, [], params, _meta(shape, dtype)), device)
     return _op(op, [], params, _meta(shape, dtype, device))
 
 
@@ -648,19 +542,7 @@ def randn(*size, dtype=None, device=None):
     return _factory("randn", {"shape": size, "dtype": dtype}, size, dtype, device)
 
 
-# ---- The op functions (tensor_ops.py) ----
-# tensor_ops.py builds on everything above, so it is imported here, after it: its functions are
-# this module's too (stax.tensor.softmax, T.reshape), the Tensor methods below, and what the Tensor
-# methods above (`.T`, `.to`, `[...]`) and the writes below call.
-
-from .tensor_ops import *  # noqa: E402,F401,F403
-from .tensor_ops import __all__ as _OPS_ALL  # noqa: E402
-from .tensor_ops import _BINARY, _UNARY, _broadcast_shapes, _getitem  # noqa: E402
-
-__all__ += _OPS_ALL
-
-
-# ---- Writes: in-place ops and __setitem__ ----
+# ---- Writes: where in-place ops and __setitem__ (tensor_ops.py) end ----
 
 
 def _write(target, value):
@@ -678,84 +560,3 @@ def _write(target, value):
         target._storage.data.upload(host)
         return
     target._np()[...] = value._np()   # numpy copes with overlapping source and destination
-
-
-def _inplace(target, value, name):
-    """Cast and broadcast an out-of-place result to `target`, then write it."""
-    if isinstance(value, Tensor):
-        if not can_cast(value.dtype, target.dtype) and name != "copy_":
-            raise RuntimeError(f"result type {value.dtype._tname} can't be cast to the desired "
-                               f"output type {target.dtype._tname}")
-        if name != "copy_" and _broadcast_shapes(value.shape, target.shape) != target.shape:
-            raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast "
-                               f"shape {list(_broadcast_shapes(value.shape, target.shape))}")
-        value = expand(to_dtype(value, target.dtype), target.shape)
-    else:
-        value = expand(full((), value, dtype=target.dtype, device=target.device), target.shape)
-    _write(target, value)
-    return target
-
-
-def copy_(x, src):
-    return _inplace(x, _scalar(src), "copy_")
-
-
-def fill_(x, value):
-    return _inplace(x, _scalar(value), "copy_")
-
-
-def zero_(x):
-    return fill_(x, 0)
-
-
-_INPLACE = {"add_": lambda x, o, alpha=1: add(x, o, alpha=alpha),
-            "sub_": lambda x, o, alpha=1: sub(x, o, alpha=alpha),
-            "mul_": lambda x, o: mul(x, o), "div_": lambda x, o, **k: div(x, o, **k),
-            "pow_": lambda x, o: pow(x, o), "clamp_": lambda x, min=None, max=None: clamp(x, min, max),
-            "relu_": lambda x: relu(x), "neg_": lambda x: neg(x), "exp_": lambda x: exp(x)}
-
-
-def _make_inplace(name, f):
-    def method(self, *args, **kwargs):
-        return _inplace(self, f(self, *args, **kwargs), name)
-    method.__name__ = name
-    return method
-
-
-# ---- Methods and operators on Tensor ----
-
-_METHODS = (list(_UNARY) + list(_BINARY) + """add sub div clamp clip gelu silu to_dtype where sum prod
-    amax amin argmax argmin max min mean var std logsumexp cumsum softmax log_softmax matmul permute
-    expand expand_as view reshape unsqueeze squeeze flatten transpose t narrow select clone
-    contiguous nonzero unique copy_ fill_ zero_ true_divide floor_divide multiply subtract""".split())
-for _name in _METHODS:
-    _f = globals()[_name]
-    if _name == "where":   # x.where(cond, other) == where(cond, x, other)
-        setattr(Tensor, _name, lambda self, cond, other: where(cond, self, other))
-    else:
-        setattr(Tensor, _name, _f)
-for _name, _f in _INPLACE.items():
-    setattr(Tensor, _name, _make_inplace(_name, _f))
-
-
-def _operand(f, reverse=False):
-    def method(self, other):
-        if isinstance(other, np.ndarray):
-            other = tensor(other)
-        elif not isinstance(other, (Tensor, _b.bool, _b.int, _b.float, np.generic)):
-            return NotImplemented
-        return f(other, self) if reverse else f(self, other)
-    return method
-
-
-for _dunder, _f in {"add": add, "sub": sub, "mul": mul, "truediv": div, "floordiv": floordiv,
-                    "mod": remainder, "pow": pow, "matmul": matmul, "and": bitwise_and,
-                    "or": bitwise_or, "xor": bitwise_xor}.items():
-    setattr(Tensor, f"__{_dunder}__", _operand(_f))
-    setattr(Tensor, f"__r{_dunder}__", _operand(_f, reverse=True))
-    setattr(Tensor, f"__i{_dunder}__", lambda self, other, _f=_f: _inplace(self, _f(self, other), "op"))
-for _dunder, _f in {"eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge}.items():
-    setattr(Tensor, f"__{_dunder}__", _operand(_f))
-Tensor.__neg__, Tensor.__abs__, Tensor.__invert__ = neg, abs, bitwise_not
-Tensor.__pos__ = lambda self: self
-Tensor.__imatmul__ = None   # torch has no in-place matmul

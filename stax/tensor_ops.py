@@ -1,38 +1,45 @@
-"""The op functions of the tiny tensor: views, pointwise ops, reductions, matmul, cat and stack.
+"""The op functions of the tiny tensor, and the Tensor methods and operators that call them.
 
-Every function here has PyTorch's name, signature, dtype rule and error messages, and does one of two
+Layer: above tensor.py (it imports tensor.py; tensor.py never imports it) and op_table.py. Every
+function here has PyTorch's name, signature, dtype rule and error messages, and does one of two
 things: it computes an output's metadata (shape, stride, dtype, device) and hands a primitive op to
 the choke point `tensor._op` (so the tracer sees it as one node), or it is a composite (softmax,
 layer_norm, var, gelu, ...) written only in terms of the public functions, so that it traces into
-primitives automatically. It consumes Tensors and Python scalars and produces Tensors; it builds on
-tensor.py (the Tensor, the choke point, the factories), which imports this module last, so that
-every function here is also `stax.tensor.<name>` and a Tensor method.
+primitives automatically. It consumes Tensors and Python scalars and produces Tensors. At its end it
+binds the methods, operators and in-place methods onto `tensor.Tensor` (`x.sum()`, `x + y`, `x[1:]`,
+`x.T`, `x.to(...)`, `x.add_(y)`), so importing `stax` gives a complete Tensor. The package exports
+everything public here as `stax.<name>`.
 
 Where to look:
   - views:                     permute/expand/_slice/select/reshape and their composites, _getitem
-  - pointwise ops:             the _UNARY / _BINARY tables, add/sub/div, where, clamp, gelu
+  - pointwise ops:             one line per op (`exp = _unary_op("exp")`), rules from op_table.OPS;
+                               add/sub/div, where, clamp, gelu
   - reductions, composites:    sum ... logsumexp, softmax, layer_norm
   - matmul, cat, stack:        matmul, cat, stack, clone, nonzero, unique
+  - in-place writes:           _inplace, copy_, fill_, zero_ (they end in tensor._write)
+  - Tensor methods:            the last section (casts, indexing, operators, in-place methods)
 """
 import builtins as _b
-import importlib
 import math
 import operator
 from collections import namedtuple
 
 import numpy as np
 
-from .dtypes import _HALF, bool_, float32, int64
-from .tensor import (Meta, Tensor, _contig, _device, _meta, _numel, _op, _scalar, _shape_args,
-                     _wrap_dim, full, result_type, tensor)
-
-T = importlib.import_module(".tensor", __package__)   # the module, for its live TRACER
+from .dtypes import _HALF, DType, bfloat16, bool_, can_cast, float16, float32, float64, int32, int64
+from .op_table import OPS
+from .tensor import (Meta, Tensor, _contig, _device, _meta, _move, _norm_device, _numel, _op,
+                     _scalar, _shape_args, _wrap_dim, _write, current_tracer, full, result_type, tensor)
 
 __all__ = """permute expand expand_as select view reshape unsqueeze squeeze flatten transpose t
     narrow broadcast_shapes add sub div true_divide floor_divide multiply subtract to_dtype where
     clamp clip gelu silu sum prod amax amin argmax argmin max min mean var std logsumexp cumsum
     softmax log_softmax layer_norm matmul mm bmm cat concat stack clone contiguous nonzero
-    unique""".split()
+    unique copy_ fill_ zero_
+    neg abs exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf relu floor ceil round trunc sign
+    reciprocal isnan isinf logical_not bitwise_not
+    mul floordiv remainder pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
+    bitwise_and bitwise_or bitwise_xor""".split()
 
 
 # ---- Views ----
@@ -274,22 +281,14 @@ def _float_result(dt):
     return dt if dt.is_floating_point else float32
 
 
-# (op, output dtype rule): "same" keeps the promoted dtype, "float" makes int/bool float32,
-# "bool" gives bool. Argument checks follow what ATen refuses.
-_UNARY = {**{n: "float" for n in "exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf reciprocal".split()},
-          **{n: "same" for n in "neg abs relu floor ceil round trunc sign bitwise_not".split()},
-          "isnan": "bool", "isinf": "bool", "logical_not": "bool"}
-_BINARY = {"add": "same", "sub": "same", "mul": "same", "div": "float", "floordiv": "same",
-           "remainder": "same", "pow": "same", "maximum": "same", "minimum": "same",
-           **{n: "bool" for n in "eq ne lt le gt ge logical_and logical_or logical_xor".split()},
-           "bitwise_and": "same", "bitwise_or": "same", "bitwise_xor": "same"}
-
-
 def _out_dtype(rule, dt):
     return {"same": dt, "float": _float_result(dt), "bool": bool_}[rule]
 
 
-def _make_unary(op):
+def _unary_op(op):
+    """The public function of a unary op of op_table.OPS (its dtype rule, ATen's refusals)."""
+    rule = OPS[op].dtype
+
     def fn(x):
         if not isinstance(x, Tensor):
             raise TypeError(f"{op}(): argument 'input' must be Tensor, not {type(x).__name__}")
@@ -301,12 +300,15 @@ def _make_unary(op):
         if op == "bitwise_not" and dt.is_floating_point:
             raise TypeError("~ (operator.invert) is only implemented on integer and Boolean-type "
                             "tensors")
-        return _pointwise(op, [x], _out_dtype(_UNARY[op], dt))
+        return _pointwise(op, [x], _out_dtype(rule, dt))
     fn.__name__ = op
     return fn
 
 
-def _make_binary(op):
+def _binary_op(op):
+    """The public function of a binary op of op_table.OPS (promotion, its dtype rule, refusals)."""
+    rule = OPS[op].dtype
+
     def fn(a, b):
         a, b = _scalar(a), _scalar(b)
         if not (isinstance(a, Tensor) or isinstance(b, Tensor)):
@@ -321,18 +323,57 @@ def _make_binary(op):
             raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
                                "If you are trying to invert a mask, use the `~` or `logical_not()` "
                                "operator instead.")
-        return _pointwise(op, [a, b], _out_dtype(_BINARY[op], dt))
+        return _pointwise(op, [a, b], _out_dtype(rule, dt))
     fn.__name__ = op
     return fn
 
 
-for _name in _UNARY:
-    globals()[_name] = _make_unary(_name)
-for _name in _BINARY:
-    if _name not in ("add", "sub", "div"):
-        globals()[_name] = _make_binary(_name)
-__all__ += [n for n in list(_UNARY) + list(_BINARY) if n not in __all__]
-_add, _sub, _div = _make_binary("add"), _make_binary("sub"), _make_binary("div")
+neg = _unary_op("neg")
+abs = _unary_op("abs")
+exp = _unary_op("exp")
+exp2 = _unary_op("exp2")
+log = _unary_op("log")
+log2 = _unary_op("log2")
+sqrt = _unary_op("sqrt")
+rsqrt = _unary_op("rsqrt")
+sin = _unary_op("sin")
+cos = _unary_op("cos")
+tanh = _unary_op("tanh")
+sigmoid = _unary_op("sigmoid")
+erf = _unary_op("erf")
+relu = _unary_op("relu")
+floor = _unary_op("floor")
+ceil = _unary_op("ceil")
+round = _unary_op("round")
+trunc = _unary_op("trunc")
+sign = _unary_op("sign")
+reciprocal = _unary_op("reciprocal")
+isnan = _unary_op("isnan")
+isinf = _unary_op("isinf")
+logical_not = _unary_op("logical_not")
+bitwise_not = _unary_op("bitwise_not")
+
+_add = _binary_op("add")        # add, sub, div: the public functions below take alpha / rounding_mode
+_sub = _binary_op("sub")
+_div = _binary_op("div")
+mul = _binary_op("mul")
+floordiv = _binary_op("floordiv")
+remainder = _binary_op("remainder")
+pow = _binary_op("pow")
+maximum = _binary_op("maximum")
+minimum = _binary_op("minimum")
+eq = _binary_op("eq")
+ne = _binary_op("ne")
+lt = _binary_op("lt")
+le = _binary_op("le")
+gt = _binary_op("gt")
+ge = _binary_op("ge")
+logical_and = _binary_op("logical_and")
+logical_or = _binary_op("logical_or")
+logical_xor = _binary_op("logical_xor")
+bitwise_and = _binary_op("bitwise_and")
+bitwise_or = _binary_op("bitwise_or")
+bitwise_xor = _binary_op("bitwise_xor")
 
 
 def add(a, b, *, alpha=1):
@@ -566,7 +607,7 @@ def _check_float(x, name):
 def _compute_in_float32(x):
     """softmax's own casts to and from the compute dtype, recorded even when they change nothing
     (as ATen's decomposition records them; the Triton listing 9.5 shows both as `.to(tl.float32)`)."""
-    if T.TRACER is not None and x.dtype is float32:
+    if current_tracer() is not None and x.dtype is float32:
         return _op("to_dtype", [x], {"dtype": float32}, _meta(x.shape, float32, x.device)), float32
     return _upcast(x)
 
@@ -703,3 +744,146 @@ def nonzero(x):
 
 def unique(x, sorted=True):
     return _op("unique", [x], {}, _meta((None,), x.dtype, x.device))
+
+
+# ---- In-place writes: cast and broadcast a result to the target, then tensor._write ----
+
+
+def _inplace(target, value, name):
+    """Cast and broadcast an out-of-place result to `target`, then write it."""
+    if isinstance(value, Tensor):
+        if not can_cast(value.dtype, target.dtype) and name != "copy_":
+            raise RuntimeError(f"result type {value.dtype._tname} can't be cast to the desired "
+                               f"output type {target.dtype._tname}")
+        if name != "copy_" and _broadcast_shapes(value.shape, target.shape) != target.shape:
+            raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast "
+                               f"shape {list(_broadcast_shapes(value.shape, target.shape))}")
+        value = expand(to_dtype(value, target.dtype), target.shape)
+    else:
+        value = expand(full((), value, dtype=target.dtype, device=target.device), target.shape)
+    _write(target, value)
+    return target
+
+
+def copy_(x, src):
+    return _inplace(x, _scalar(src), "copy_")
+
+
+def fill_(x, value):
+    return _inplace(x, _scalar(value), "copy_")
+
+
+def zero_(x):
+    return fill_(x, 0)
+
+
+def _setitem(x, key, value):
+    target = _getitem(x, key)
+    if isinstance(value, Tensor):
+        if value.dtype is not target.dtype:
+            value = to_dtype(value, target.dtype)
+        try:
+            value = expand(value, target.shape)
+        except RuntimeError:
+            raise RuntimeError(f"shape mismatch: value tensor of shape {list(value.shape)} "
+                               f"cannot be broadcast to indexing result of shape "
+                               f"{list(target.shape)}") from None
+    else:
+        value = full(target.shape, value, dtype=target.dtype, device=target.device)
+    _write(target, value)
+
+
+# ---- Methods and operators on Tensor ----
+
+
+def _to(x, *args, dtype=None, device=None, copy=False):
+    """Tensor.to(dtype), .to(device), .to(other tensor), with keywords as in torch."""
+    for a in args:
+        if isinstance(a, DType):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        else:
+            device = a
+    y = x
+    if device is not None and _norm_device(device) != x.device:
+        y = _move(x, _norm_device(device))
+    if dtype is None or dtype is y.dtype:
+        return clone(y) if copy and y is x else y
+    return to_dtype(y, dtype)
+
+
+def _iter(x):
+    if x.ndim == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    return (select(x, 0, i) for i in range(x.shape[0]))
+
+
+Tensor.to = _to
+Tensor.cpu = lambda self: _to(self, "cpu")
+Tensor.cuda = lambda self: _to(self, "cuda")
+Tensor.float = lambda self: _to(self, float32)
+Tensor.double = lambda self: _to(self, float64)
+Tensor.half = lambda self: _to(self, float16)
+Tensor.bfloat16 = lambda self: _to(self, bfloat16)
+Tensor.int = lambda self: _to(self, int32)
+Tensor.long = lambda self: _to(self, int64)
+Tensor.bool = lambda self: _to(self, bool_)
+Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
+Tensor.__iter__ = _iter
+Tensor.__getitem__ = _getitem
+Tensor.__setitem__ = _setitem
+
+# x.f(...) == f(x, ...) for these functions, under their own names
+for _f in (neg, abs, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh, sigmoid, erf, relu, floor,
+           ceil, round, trunc, sign, reciprocal, isnan, isinf, logical_not, bitwise_not,
+           add, sub, mul, div, floordiv, remainder, pow, maximum, minimum, eq, ne, lt, le, gt, ge,
+           logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor,
+           clamp, gelu, silu, to_dtype, sum, prod, amax, amin, argmax, argmin, max, min, mean, var,
+           std, logsumexp, cumsum, softmax, log_softmax, matmul, permute, expand, expand_as, view,
+           reshape, unsqueeze, squeeze, flatten, transpose, t, narrow, select, clone, contiguous,
+           nonzero, unique, copy_, fill_, zero_):
+    setattr(Tensor, _f.__name__, _f)
+Tensor.clip, Tensor.true_divide, Tensor.floor_divide = clamp, div, floordiv
+Tensor.multiply, Tensor.subtract = mul, sub
+Tensor.where = lambda self, cond, other: where(cond, self, other)   # == where(cond, x, other)
+
+_INPLACE = {"add_": lambda x, o, alpha=1: add(x, o, alpha=alpha),
+            "sub_": lambda x, o, alpha=1: sub(x, o, alpha=alpha),
+            "mul_": lambda x, o: mul(x, o), "div_": lambda x, o, **k: div(x, o, **k),
+            "pow_": lambda x, o: pow(x, o), "clamp_": lambda x, min=None, max=None: clamp(x, min, max),
+            "relu_": lambda x: relu(x), "neg_": lambda x: neg(x), "exp_": lambda x: exp(x)}
+
+
+def _make_inplace(name, f):
+    def method(self, *args, **kwargs):
+        return _inplace(self, f(self, *args, **kwargs), name)
+    method.__name__ = name
+    return method
+
+
+for _name, _f in _INPLACE.items():
+    setattr(Tensor, _name, _make_inplace(_name, _f))
+
+
+def _operand(f, reverse=False):
+    def method(self, other):
+        if isinstance(other, np.ndarray):
+            other = tensor(other)
+        elif not isinstance(other, (Tensor, _b.bool, _b.int, _b.float, np.generic)):
+            return NotImplemented
+        return f(other, self) if reverse else f(self, other)
+    return method
+
+
+for _dunder, _f in {"add": add, "sub": sub, "mul": mul, "truediv": div, "floordiv": floordiv,
+                    "mod": remainder, "pow": pow, "matmul": matmul, "and": bitwise_and,
+                    "or": bitwise_or, "xor": bitwise_xor}.items():
+    setattr(Tensor, f"__{_dunder}__", _operand(_f))
+    setattr(Tensor, f"__r{_dunder}__", _operand(_f, reverse=True))
+    setattr(Tensor, f"__i{_dunder}__", lambda self, other, _f=_f: _inplace(self, _f(self, other), "op"))
+for _dunder, _f in {"eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge}.items():
+    setattr(Tensor, f"__{_dunder}__", _operand(_f))
+Tensor.__neg__, Tensor.__abs__, Tensor.__invert__ = neg, abs, bitwise_not
+Tensor.__pos__ = lambda self: self
+Tensor.__imatmul__ = None   # torch has no in-place matmul

@@ -1,15 +1,14 @@
 """Tests for stax/tensor.py, the tiny tensor: eager ops against float64 numpy references, views
 and storage sharing, dtype promotion, half rounding, PyTorch's error messages, and the
 choke-point contract the compiler relies on (a fake TRACER)."""
-import importlib
 import math
 
 import numpy as np
 import pytest
 
-# the module itself (the package's `stax.tensor` attribute is the factory function, as in torch)
-st = importlib.import_module("stax.tensor")
-Tensor = st.Tensor
+import stax as st
+from stax.op_table import OPS
+from stax.tensor import PRIMITIVES, Tensor, _meta, set_tracer
 
 TOL = {st.float32: (1e-4, 1e-5), st.float64: (1e-10, 1e-12), st.float16: (2e-3, 1e-4),
        st.bfloat16: (1.6e-2, 1e-3)}
@@ -639,13 +638,13 @@ class GraphBreak(Exception):
 @pytest.fixture
 def tracer():
     tr = FakeTracer()
-    st.TRACER = tr
+    set_tracer(tr)
     yield tr
-    st.TRACER = None
+    set_tracer(None)
 
 
 def proxy(*shape, dtype=st.float32):
-    return Tensor._proxy(st._meta(shape, dtype), node="input")
+    return Tensor._proxy(_meta(shape, dtype), node="input")
 
 
 @pytest.mark.parametrize("fn,expect", [
@@ -668,7 +667,7 @@ def test_composites_decompose_into_primitives(tracer, fn, expect):
     y = fn(proxy(4, 8))
     assert y._node is not None and y._storage is None
     ops = {op for op, _ in tracer.ops}
-    assert ops <= st.PRIMITIVES and ops == expect, ops
+    assert ops <= PRIMITIVES and ops == expect, ops
 
 
 def test_proxy_metas_views_and_params(tracer):
@@ -716,8 +715,8 @@ def test_proxy_writes_and_graph_breaks(tracer):
     x.add_(proxy(8))
     assert tracer.mutations[-1][0] is x and tracer.mutations[-1][1].shape == (4, 8)
     real = st.tensor([1.0, 2.0])
-    st.TRACER = None
-    st.TRACER = tracer
+    set_tracer(None)
+    set_tracer(tracer)
     real.mul_(proxy(2))   # a real tensor written with a proxy value is a mutation too
     assert tracer.mutations[-1][0] is real
     for f in (lambda: x.sum().item(), lambda: bool(x[0, 0]), lambda: float(x[0, 0]),
@@ -728,3 +727,10 @@ def test_proxy_writes_and_graph_breaks(tracer):
     assert len(list(x)) == 4   # iteration is select, no data needed
     # ops on real tensors while tracing still run eagerly
     check(real + 1, [2, 3])
+
+
+def test_every_pointwise_op_of_the_table_is_a_function_and_a_method():
+    for name, d in OPS.items():
+        if d.kind in ("unary", "binary"):
+            assert callable(getattr(st, name)) and callable(getattr(Tensor, name)), name
+    assert PRIMITIVES == {n for n, d in OPS.items() if d.kind != "scatter"}
