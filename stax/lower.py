@@ -1,310 +1,50 @@
 """§6 Lowering: from the captured graph to the loop-level IR.
 
-Consumes a `capture.Graph` (op nodes with output metadata) and produces a `LoweredGraph`: a list of
-IR buffers in dependence order. Each computed buffer is described *define-by-run*: its body is a
-Python function `inner_fn(index)` (pointwise) or `inner_fn(index, rindex)` (reduction) that calls
-`ops.load`, `ops.add`, `ops.exp`, ... with sympy index expressions. Nothing is printed here: a code
-generator later calls the same `inner_fn` with an `ops` handler that prints C++ or Triton, and the
-IR printer calls it with a handler that prints the calls themselves (Listing 6.2's form).
+Layer: above ir.py (the IR it builds), tensor.py (dtype promotion on data-less tensors) and
+op_table.py (which ops are pointwise, views or fallbacks); below schedule.py. Consumes a
+`capture.Graph` (op nodes with output metadata) and produces an `ir.LoweredGraph`: IR buffers in
+dependence order. Each graph node first becomes a `Value` (a loader: index -> ops value); views
+are index rewrites and pointwise values are inlined into their consumers, so only some values are
+*realized* into buffers (graph outputs, inputs of fallback kernels, reductions, values too costly
+to recompute, write-backs of mutated inputs).
 
 Where to look:
-  - `ops` and the handlers' protocol ............. §6 "ops handler" (the virtualized `ops.*` calls)
-  - `Pointwise`, `Reduction`, `ExternKernel` ...... the IR node types
+  - the entry point, step by step ................... `lower(graph, policy)` and `_Lowering`
   - views as index rewrites ......................... `_lower_view` (permute, expand, slice, select, reshape)
   - broadcasting and dtype promotion ................ `_lower_pointwise`, `_half_rule`
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
-  - reductions and their identities ................. `_lower_reduction`, `REDUCTION_IDENTITY`
-  - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`
-  - fallback kernels (§6.1) ......................... `ExternKernel`, `FALLBACK_OPS`
-  - merging contiguous loops (Prop. 6.3) ............ `merge_dims` (both code generators call it)
-  - the entry point ................................. `lower(graph, policy)`
+  - reductions .................................... `_lower_reduction`
+  - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
+  - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
+  - the IR itself, its printer, merge_dims .......... ir.py (re-exported here for older imports)
 """
 from __future__ import annotations
 
-import importlib
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import sympy
 
-T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+from .dtypes import bfloat16, bool_, float16, float32, int64
+from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
+                 ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
+                 contiguous_strides, index_vars, ops, reduction_identity, set_handler, simplify_index)
+from .op_table import OPS
+from .tensor import Meta, Tensor, result_type
 
-# ---- §6 The ops handler: a swappable object that inner_fn bodies call ----
+# Compatibility: names other modules still import from `stax.lower` (they moved to ir.py).
+# TODO(issue 8): drop once codegen_cpp/codegen_triton/triton_reduction/schedule import from ir.
+from .ir import (Expr, IndexCollector, IRPrinter, LoadCollector, format_buffer,  # noqa: E402,F401
+                 format_ir, index_bounds, merge_dims)
 
-
-class _Ops:
-    """`ops.<name>(...)` forwards to the handler installed by `set_handler`.
-
-    The IR is define-by-run: the same `inner_fn` is run once with an IR-printing handler, once with
-    a C++-printing handler, once with a Triton-printing handler, and so on.
-    """
-
-    handler = None
-
-    def __getattr__(self, name):
-        return getattr(_Ops.handler, name)
-
-
-ops = _Ops()
-
-
-class set_handler:
-    """Context manager: `with set_handler(h): inner_fn(index)` runs the body against handler `h`."""
-
-    def __init__(self, handler):
-        self.handler = handler
-
-    def __enter__(self):
-        self.prev, _Ops.handler = _Ops.handler, self.handler
-        return self.handler
-
-    def __exit__(self, *exc):
-        _Ops.handler = self.prev
-
-
-# ---- IR data types ----
-
-Expr = sympy.Expr
-
-
-def index_vars(prefix: str, n: int) -> list[sympy.Symbol]:
-    """Loop variables i0, i1, ... (pointwise) or r0_0, r0_1, ... (reduction); all non-negative ints."""
-    return [sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n)]
-
-
-class FloorDiv(sympy.Function):
-    """floor(a / b) in index arithmetic (a >= 0, b > 0); printed as integer division."""
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, a, b):
-        if b == 1:
-            return a
-        if a == 0:
-            return sympy.Integer(0)
-        if a.is_Integer and b.is_Integer:
-            return sympy.Integer(int(a) // int(b))
-        if isinstance(a, sympy.Add) and b.is_Integer:
-            # (b*q + r) // b == q + r // b for integer q
-            whole = [t for t in a.args if _divisible(t, b)]
-            if whole:
-                rest = sympy.Add(*[t for t in a.args if not _divisible(t, b)])
-                return sympy.Add(*[t / b for t in whole]) + FloorDiv(rest, b)
-        if b.is_Integer and _divisible(a, b):
-            return a / b
-        return None
-
-
-class ModularIndexing(sympy.Function):
-    """(a // d) % m in index arithmetic (a >= 0); printed with integer division and modulo."""
-    is_integer = True
-    is_nonnegative = True
-
-    @classmethod
-    def eval(cls, a, d, m):
-        if m == 1 or a == 0:
-            return sympy.Integer(0)
-        if a.is_Integer and d.is_Integer and m.is_Integer:
-            return sympy.Integer((int(a) // int(d)) % int(m))
-        if d == 1 and isinstance(a, sympy.Add) and m.is_Integer:
-            kept = [t for t in a.args if not _divisible(t, m)]
-            if len(kept) < len(a.args):
-                return ModularIndexing(sympy.Add(*kept), d, m)
-        return None
-
-
-def _divisible(term, b) -> bool:
-    coeff, _ = term.as_coeff_Mul()
-    return coeff.is_Integer and b.is_Integer and int(coeff) % int(b) == 0
-
-
-# ---- §6.8 Interval reasoning over index ranges ----
-
-
-def index_bounds(expr, ranges: dict):
-    """(lo, hi) of an index expression when each loop variable v runs over [0, ranges[v] - 1]."""
-    expr = sympy.sympify(expr)
-    if expr.is_Number:
-        return expr, expr
-    if expr.is_Symbol:
-        if expr in ranges:
-            return sympy.Integer(0), ranges[expr] - 1
-        return sympy.Integer(0), sympy.oo
-    if isinstance(expr, sympy.Add):
-        lo = hi = sympy.Integer(0)
-        for t in expr.args:
-            a, b = index_bounds(t, ranges)
-            lo, hi = lo + a, hi + b
-        return lo, hi
-    if isinstance(expr, sympy.Mul):
-        coeff, rest = expr.as_coeff_Mul()
-        if coeff.is_Number and rest is not expr:
-            a, b = index_bounds(rest, ranges)
-            return (coeff * a, coeff * b) if coeff >= 0 else (coeff * b, coeff * a)
-        return -sympy.oo, sympy.oo
-    if isinstance(expr, FloorDiv):
-        a, b = index_bounds(expr.args[0], ranges)
-        return sympy.floor(a / expr.args[1]), sympy.floor(b / expr.args[1])
-    if isinstance(expr, ModularIndexing):
-        return sympy.Integer(0), expr.args[2] - 1
-    return -sympy.oo, sympy.oo
-
-
-def simplify_index(expr, ranges: dict):
-    """Drop floor-divisions and modulos that the loop ranges make trivial (Prop. 6.8's use).
-
-    Example: after a reshape [A*B] -> [A, B] -> [A*B], FloorDiv(B*i0 + i1, B) becomes i0 because
-    0 <= i1 < B, and ModularIndexing(i1, 1, B) becomes i1.
-    """
-    expr = sympy.sympify(expr)
-
-    def visit(e):
-        if not e.args:
-            return e
-        e = e.func(*[visit(a) for a in e.args])
-        if isinstance(e, FloorDiv):
-            lo, hi = index_bounds(e.args[0], ranges)
-            if (lo >= 0) == sympy.true and (hi < e.args[1]) == sympy.true:
-                return sympy.Integer(0)
-        if isinstance(e, ModularIndexing) and e.args[1] == 1:
-            lo, hi = index_bounds(e.args[0], ranges)
-            if (lo >= 0) == sympy.true and (hi < e.args[2]) == sympy.true:
-                return e.args[0]
-        return e
-    return sympy.expand(visit(expr))
-
-
-@dataclass
-class Layout:
-    """Where a buffer's elements live: element (i0, i1, ...) is at offset + Σ ik·stride[k]."""
-    shape: tuple
-    stride: tuple
-    offset: Expr = sympy.Integer(0)
-
-    def index(self, idx) -> Expr:
-        return self.offset + sum((i * s for i, s in zip(idx, self.stride)), sympy.Integer(0))
-
-
-def contiguous_strides(shape) -> tuple:
-    strides, acc = [], sympy.Integer(1)
-    for s in reversed(shape):
-        strides.append(acc)
-        acc = acc * sympy.Max(s, 1) if not isinstance(s, (int, sympy.Integer)) else acc * max(int(s), 1)
-    return tuple(reversed(strides))
-
-
-@dataclass(eq=False)
-class InputBuffer:
-    """A graph input (or a lifted constant tensor): memory the caller owns."""
-    name: str
-    dtype: object
-    layout: Layout
-    origins: list = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class Pointwise:
-    """out[index] = inner_fn(index) for every index in `ranges`."""
-    name: str
-    dtype: object
-    ranges: list                    # iteration space (the output shape)
-    inner_fn: Callable              # index (list of Expr) -> ops value
-    layout: Layout                  # where results are stored (contiguous, or an input's layout when writing back)
-    origins: list = field(default_factory=list)   # names of graph nodes computed here
-
-
-@dataclass(eq=False)
-class Reduction:
-    """out[index] = reduce_{rindex} inner_fn(index, rindex), with `reduction_type` ∈ REDUCTION_IDENTITY."""
-    name: str
-    dtype: object                   # dtype of the stored result
-    ranges: list                    # kept (output) dimensions
-    reduction_ranges: list          # reduced dimensions
-    reduction_type: str
-    inner_fn: Callable              # (index, rindex) -> ops value (already in the accumulation dtype)
-    src_dtype: object               # dtype of the values being reduced (the accumulator's type)
-    layout: Layout
-    origins: list = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class ExternKernel:
-    """§6.1 fallback kernel: an op the compiler does not lower, run by the eager implementation."""
-    name: str
-    op: str
-    inputs: list                    # buffer names (or scalars, or lists of buffer names for 'cat'-like ops)
-    params: dict
-    dtype: object
-    layout: Layout                  # contiguous output; sizes may hold unbacked symbols
-    origins: list = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class ReinterpretView:
-    """An extern kernel's input read in place: a strided view of a buffer (Inductor's
-    ReinterpretView), so that `x @ w.t()` hands the matmul `w` with swapped strides, not a copy."""
-    buffer: str
-    layout: Layout
-
-    def __repr__(self):
-        return f"{self.buffer}.as_strided({self.layout.shape}, {self.layout.stride}, {self.layout.offset})"
-
-
-@dataclass
-class LoweredGraph:
-    inputs: list                    # InputBuffer, in call order
-    buffers: list                   # Pointwise | Reduction | ExternKernel, in dependence order
-    outputs: list                   # buffer name (str) or Python scalar for each graph output
-    mutations: list                 # (input name, buffer name): write-backs already folded into buffers
-    unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
-
-    def buffer(self, name):
-        for b in self.inputs + self.buffers:
-            if b.name == name:
-                return b
-        raise KeyError(name)
-
-
-# identity of each reduction (§6: a reduction carries its identity; masked lanes are filled with it)
-REDUCTION_IDENTITY = {
-    "sum": 0, "prod": 1, "amax": float("-inf"), "amin": float("inf"),
-    "argmax": float("-inf"), "argmin": float("inf"),
-}
-
-
-def reduction_identity(reduction_type: str, dtype):
-    """The identity of a reduction in `dtype`: ±inf has no integer or bool value, so max-like
-    reductions over ints start from the type's extreme (bool: False for max, True for min)."""
-    ident = REDUCTION_IDENTITY[reduction_type]
-    if dtype.is_floating_point or not math.isinf(ident):
-        return ident
-    if dtype == T.bool_:
-        return ident > 0
-    bits = 8 * dtype.itemsize - 1
-    return 2**bits - 1 if ident > 0 else -2**bits
-
+# ---- §6 Which ops lower how (views of op_table.OPS) ----
 
 # ops the lowering leaves to the eager implementation (§6.1); nonzero/unique have data-dependent sizes
-FALLBACK_OPS = {"matmul", "cumsum", "nonzero", "unique", "rand", "randn"}
-
-_UNARY = {"neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
-          "sigmoid", "erf", "relu", "floor", "ceil", "round", "trunc", "sign", "reciprocal",
-          "isnan", "isinf", "logical_not", "bitwise_not"}
-_BINARY = {"add", "sub", "mul", "div", "floordiv", "remainder", "pow", "maximum", "minimum",
-           "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-           "bitwise_and", "bitwise_or", "bitwise_xor"}
-_PREDICATES = {"isnan", "isinf", "logical_not", "eq", "ne", "lt", "le", "gt", "ge",
-               "logical_and", "logical_or", "logical_xor"}
-_FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
-               "erf", "reciprocal", "div"}
-_VIEWS = {"permute", "expand", "slice", "select", "reshape"}
-
-
-def compute_dtype(dtype):
-    """§6.2: half-precision values are computed in float32."""
-    return T.float32 if dtype in (T.float16, T.bfloat16) else dtype
+FALLBACK_OPS = {name for name, d in OPS.items() if d.fallback}
+_UNARY = {name for name, d in OPS.items() if d.kind == "unary"}
+_BINARY = {name for name, d in OPS.items() if d.kind == "binary"}
+_FLOAT_ONLY = {name for name, d in OPS.items() if d.float_only}
+_VIEWS = {name for name, d in OPS.items() if d.kind == "view"}
 
 
 # ---- Values during lowering: a loader (index -> ops value) with a shape and a dtype ----
@@ -422,10 +162,10 @@ def _lower_pointwise(node, args) -> Value:
     op, out_shape, out_dtype = node.op, tuple(node.meta.shape), node.meta.dtype
     if op == "where":
         cond, a, b = args
-        common = T.result_type(*[_as_meta(x) for x in (a, b)])
+        common = result_type(*[_as_meta(x) for x in (a, b)])
         cdt = compute_dtype(common)
         ra, rb = _half_rule(a, common), _half_rule(b, common)
-        c, a, b = (_operand(cond, T.bool_), _operand(a, cdt), _operand(b, cdt))
+        c, a, b = (_operand(cond, bool_), _operand(a, cdt), _operand(b, cdt))
         lc, la, lb = (_broadcast_loader(v, out_shape) for v in (c, a, b))
         body = lambda idx: ops.where(lc(idx), _cast(la(idx), a, cdt, ra), _cast(lb(idx), b, cdt, rb))
         return Value(out_shape, out_dtype, body, cost=1 + c.cost + a.cost + b.cost)
@@ -434,18 +174,18 @@ def _lower_pointwise(node, args) -> Value:
         src = _operand(a, out_dtype)
         la = _broadcast_loader(src, out_shape)
         target = node.params["dtype"]
-        if target in (T.float16, T.bfloat16) and src.dtype != target:
+        if target in (float16, bfloat16) and src.dtype != target:
             # a cast the user wrote still rounds (docs/DESIGN.md): round to half, keep computing in float32
-            body = lambda idx: ops.to_dtype(ops.to_dtype(la(idx), target), T.float32)
+            body = lambda idx: ops.to_dtype(ops.to_dtype(la(idx), target), float32)
         else:
             body = lambda idx: ops.to_dtype(la(idx), compute_dtype(target))
         return Value(out_shape, out_dtype, body, cost=1 + src.cost)
     if op == "clone":
         return Value(out_shape, out_dtype, _broadcast_loader(args[0], out_shape), cost=args[0].cost)
     # unary and binary: cast every operand to the promoted compute dtype, then apply ops.<op>
-    common = T.result_type(*[_as_meta(x) for x in args])
+    common = result_type(*[_as_meta(x) for x in args])
     if op in _FLOAT_ONLY and not common.is_floating_point:
-        common = T.float32
+        common = float32
     cdt = compute_dtype(common)
     rounds = [_half_rule(x, common) for x in args]
     vals = [_operand(x, cdt) for x in args]
@@ -462,7 +202,7 @@ def _half_rule(x, common):
     float16/bfloat16, a *tensor* operand of another dtype (an int tensor, a float32 0-dim tensor)
     is rounded to that half type before computing; Python scalars are not. Returns the dtype to
     round the operand to, or None."""
-    if common in (T.float16, T.bfloat16) and isinstance(x, Value) and x.dtype != common:
+    if common in (float16, bfloat16) and isinstance(x, Value) and x.dtype != common:
         return common
     return None
 
@@ -475,9 +215,9 @@ def _cast(x, v: Value, cdt, round_to=None):
 
 
 def _as_meta(x):
-    """What T.result_type needs of an operand: a data-less tensor with its dtype and rank."""
+    """What result_type needs of an operand: a data-less tensor with its dtype and rank."""
     if isinstance(x, Value):
-        return T.Tensor._proxy(T.Meta(tuple(x.shape), (), x.dtype), None)
+        return Tensor._proxy(Meta(tuple(x.shape), (), x.dtype), None)
     return x
 
 
@@ -507,12 +247,12 @@ def _lower_cat(node, parts: list) -> Value:
             return lambda: _cast(parts[k].loader(shifted), parts[k], cdt)
         # each part loads only inside its own range [starts[k], starts[k+1]): a masked load's
         # `other` is computed unconditionally, so no part may be the unmasked fallback of another
-        pos = ops.index_expr(i, T.int64)
+        pos = ops.index_expr(i, int64)
         result = ops.constant(0, cdt)
         for k in range(len(parts) - 1, -1, -1):
-            inside = ops.ge(pos, ops.index_expr(starts[k], T.int64))
+            inside = ops.ge(pos, ops.index_expr(starts[k], int64))
             if k + 1 < len(parts):
-                inside = ops.logical_and(inside, ops.lt(pos, ops.index_expr(starts[k + 1], T.int64)))
+                inside = ops.logical_and(inside, ops.lt(pos, ops.index_expr(starts[k + 1], int64)))
             result = ops.masked(inside, part(k), result)
         return result
     return Value(shape, node.meta.dtype, body, cost=sum(v.cost for v in parts) + len(parts))
@@ -528,11 +268,11 @@ def _lower_scatter(node, base: Value, src: Value) -> Value:
     p, d = node.params, node.params["dim"]
 
     def const(v):
-        return ops.constant(v, T.int64)
+        return ops.constant(v, int64)
 
     def body(idx):
         i = idx[d]
-        pos = ops.index_expr(i, T.int64)
+        pos = ops.index_expr(i, int64)
         if node.op == "select_scatter":
             inside = ops.eq(pos, const(p["index"]))
             src_idx = list(idx[:d]) + list(idx[d + 1:])
@@ -540,7 +280,7 @@ def _lower_scatter(node, base: Value, src: Value) -> Value:
             start, end, step = p["start"], p["end"], p["step"]
             inside = ops.logical_and(ops.ge(pos, const(start)), ops.lt(pos, const(end)))
             if step != 1:   # (i - start) % step == 0, written with a non-negative dividend
-                phase = ops.index_expr(ModularIndexing(i + (-start) % step, 1, step), T.int64)
+                phase = ops.index_expr(ModularIndexing(i + (-start) % step, 1, step), int64)
                 inside = ops.logical_and(inside, ops.eq(phase, const(0)))
             src_idx = list(idx[:d]) + [FloorDiv(i - start, step)] + list(idx[d + 1:])
         return ops.masked(inside, lambda: src.loader(src_idx), base.loader(idx))
@@ -599,7 +339,7 @@ def _single_element_reduction(node, src: Value, kept) -> Value:
 
     def body(idx):
         if node.op in ("argmax", "argmin"):
-            return ops.constant(0, T.int64)
+            return ops.constant(0, int64)
         kept_idx = [i for k, i in enumerate(idx) if k not in dims] if keepdim else list(idx)
         full = [sympy.Integer(0)] * len(src.shape)
         for k, i in zip(kept, kept_idx):
@@ -635,7 +375,7 @@ def split_reduction(red: Reduction, splits: int, new_name) -> list:
         flat = s * piece + rindex[0]
         if piece * splits == rnumel:
             return inner(x, unflatten(flat))
-        in_range = ops.lt(ops.index_expr(flat, T.int64), ops.index_expr(rnumel, T.int64))
+        in_range = ops.lt(ops.index_expr(flat, int64), ops.index_expr(rnumel, int64))
         return ops.masked(in_range, lambda: inner(x, unflatten(flat)),
                           ops.constant(ident, red.src_dtype))
 
@@ -661,42 +401,64 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     output, an input of a fallback kernel, or too expensive to recompute (`inline_limit` ops).
     `split_policy(numel_out, numel_red) -> splits` is the back end's choice for Alg. 6.1 (1: none).
     """
-    buffers, counter = [], [0]
-    env: dict = {}          # graph node -> Value (or Python scalar)
+    lo = _Lowering(inline_limit)
+    lo.add_inputs(graph)
+    for node in graph.nodes:
+        lo.add_node(node)
+    outputs = lo.store_outputs(graph)
+    mutations = lo.write_back_mutations(graph)
+    lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))
+    if split_policy is not None:
+        _apply_split_policy(lowered, split_policy, lo.new_name)
+    return lowered
 
-    def new_name():
-        counter[0] += 1
-        return f"buf{counter[0] - 1}"
 
-    def emit(buf):
-        buffers.append(buf)
+class _Lowering:
+    """One lowering in progress: the buffers emitted so far (named buf0, buf1, ... in emission
+    order) and the Value of each graph node. `lower` runs its steps top to bottom."""
 
-    def dtype_of(name):
-        return next(b.dtype for b in inputs + buffers if b.name == name)
+    def __init__(self, inline_limit: int):
+        self.inline_limit = inline_limit
+        self.inputs: list = []          # InputBuffer, in call order
+        self.buffers: list = []         # computed buffers, in dependence (= emission) order
+        self.env: dict = {}             # graph node -> Value (or Python scalar)
+        self.count = 0
 
-    def realize(v: Value) -> Value:
+    def new_name(self) -> str:
+        self.count += 1
+        return f"buf{self.count - 1}"
+
+    def emit(self, buf):
+        self.buffers.append(buf)
+
+    def dtype_of(self, name):
+        return next(b.dtype for b in self.inputs + self.buffers if b.name == name)
+
+    def realize(self, v: Value) -> Value:
+        """Store a value in a contiguous buffer of its own (if it is not in one already)."""
         if v.buffer is not None:
             return v
-        name = new_name()
+        name = self.new_name()
         layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
-        emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins)))
+        self.emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins)))
         return Value(v.shape, v.dtype, _load_from(name, v.dtype, layout), buffer=name)
 
-    inputs = []
-    for node in graph.inputs:
-        layout = Layout(tuple(node.meta.shape), tuple(node.meta.stride), sympy.Integer(0))
-        buf = InputBuffer(node.name, node.meta.dtype, layout, [node.name])
-        inputs.append(buf)
-        env[node] = Value(tuple(node.meta.shape), node.meta.dtype,
-                          _load_from(node.name, node.meta.dtype, layout), buffer=node.name)
-
-    def arg(x):
+    def arg(self, x):
         if isinstance(x, (list, tuple)):
-            return [arg(y) for y in x]
-        return env[x] if hasattr(x, "op") else x
+            return [self.arg(y) for y in x]
+        return self.env[x] if hasattr(x, "op") else x
 
-    for node in graph.nodes:
-        args = [arg(x) for x in node.inputs]
+    # step 1: the graph's inputs are buffers the caller owns, read through their own strides
+    def add_inputs(self, graph):
+        for node in graph.inputs:
+            layout = Layout(tuple(node.meta.shape), tuple(node.meta.stride), sympy.Integer(0))
+            self.inputs.append(InputBuffer(node.name, node.meta.dtype, layout, [node.name]))
+            self.env[node] = Value(tuple(node.meta.shape), node.meta.dtype,
+                                   _load_from(node.name, node.meta.dtype, layout), buffer=node.name)
+
+    # step 2: each op node becomes a Value (inlined into its readers unless it is too costly)
+    def add_node(self, node):
+        args = [self.arg(x) for x in node.inputs]
         op = node.op
         if op in _VIEWS:
             v = _lower_view(node, args[0])
@@ -709,67 +471,73 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
         elif op in ("slice_scatter", "select_scatter"):
             v = _lower_scatter(node, args[0], args[1])
         elif op in REDUCTION_IDENTITY:
-            v = _lower_reduction(node, args[0], new_name, emit)
+            v = _lower_reduction(node, args[0], self.new_name, self.emit)
         elif op in FALLBACK_OPS:
-            ins = []
-            for a in args:
-                if isinstance(a, Value):
-                    # a view of a buffer is handed over in place (strides, offset); else stored
-                    view = strided_view(a, dtype_of) if a.buffer is None else None
-                    ins.append(view if view is not None else realize(a).buffer)
-                else:
-                    ins.append(a)
-            name = new_name()
-            layout = Layout(tuple(node.meta.shape), contiguous_strides(node.meta.shape))
-            emit(ExternKernel(name, op, ins, dict(node.params), node.meta.dtype, layout, [node.name]))
-            v = Value(tuple(node.meta.shape), node.meta.dtype,
-                      _load_from(name, node.meta.dtype, layout), buffer=name)
+            v = self.fallback(node, args)
         else:
             raise NotImplementedError(f"Stax cannot lower op '{op}' (node {node.name})")
         if v.buffer is None:
             inlined = [o for a in args for x in (a if isinstance(a, list) else [a])
                        if isinstance(x, Value) and x.buffer is None for o in x.origins]
             v.origins = list(dict.fromkeys(inlined + [node.name]))
-            if v.cost > inline_limit:
-                v = realize(v)
-        env[node] = v
+            if v.cost > self.inline_limit:
+                v = self.realize(v)
+        self.env[node] = v
 
-    # outputs: every tensor output is stored in a buffer of its own (inputs and views are copied)
-    outputs, seen = [], {}
-    for out in graph.outputs:
-        if not hasattr(out, "op"):
-            outputs.append(out)
-            continue
-        v = env[out]
-        owned = v.buffer is not None and v.buffer not in {b.name for b in inputs} and v.buffer not in seen
-        if not owned:
-            name = new_name()
-            layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
-            emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins) or [out.name]))
-            v = Value(v.shape, v.dtype, None, buffer=name)
-        seen[v.buffer] = True
-        outputs.append(v.buffer)
+    def fallback(self, node, args) -> Value:
+        """§6.1: an ExternKernel running the eager implementation on stored inputs."""
+        ins = []
+        for a in args:
+            if isinstance(a, Value):
+                # a view of a buffer is handed over in place (strides, offset); else stored
+                view = strided_view(a, self.dtype_of) if a.buffer is None else None
+                ins.append(view if view is not None else self.realize(a).buffer)
+            else:
+                ins.append(a)
+        name = self.new_name()
+        layout = Layout(tuple(node.meta.shape), contiguous_strides(node.meta.shape))
+        self.emit(ExternKernel(name, node.op, ins, dict(node.params), node.meta.dtype, layout, [node.name]))
+        return Value(tuple(node.meta.shape), node.meta.dtype,
+                     _load_from(name, node.meta.dtype, layout), buffer=name)
 
-    # write-backs of mutated inputs: a pointwise buffer stored straight into the input's memory.
-    # A new value that reads a mutated input anywhere but at the very element being written
-    # (`x.copy_(x.t())`, `x[1:] = x[:-1]`, or another input's write-back) is first computed into
-    # a buffer of its own, before any write-back runs: it must see the inputs' old values.
-    mutated = {inp.name for inp, _ in graph.mutations}
-    targets = [next(b for b in inputs if b.name == inp.name) for inp, _ in graph.mutations]
-    values = [env[new] for _, new in graph.mutations]
-    values = [realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
-              for v, t in zip(values, targets)]
-    mutations = []
-    for target, v, (_, new_node) in zip(targets, values, graph.mutations):
-        name = new_name()
-        emit(Pointwise(name, target.dtype, list(target.layout.shape),
-                       _convert_loader(v, target.dtype), target.layout, list(v.origins) or [new_node.name]))
-        mutations.append((target.name, name))
+    # step 3: every tensor output is stored in a buffer of its own (inputs and views are copied)
+    def store_outputs(self, graph) -> list:
+        outputs, seen = [], {}
+        input_names = {b.name for b in self.inputs}
+        for out in graph.outputs:
+            if not hasattr(out, "op"):
+                outputs.append(out)
+                continue
+            v = self.env[out]
+            owned = v.buffer is not None and v.buffer not in input_names and v.buffer not in seen
+            if not owned:
+                name = self.new_name()
+                layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
+                self.emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout,
+                                    list(v.origins) or [out.name]))
+                v = Value(v.shape, v.dtype, None, buffer=name)
+            seen[v.buffer] = True
+            outputs.append(v.buffer)
+        return outputs
 
-    lowered = LoweredGraph(inputs, buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))
-    if split_policy is not None:
-        _apply_split_policy(lowered, split_policy, new_name)
-    return lowered
+    # step 4: write-backs of mutated inputs, each a pointwise buffer stored into the input's memory
+    def write_back_mutations(self, graph) -> list:
+        """A new value that reads a mutated input anywhere but at the very element being written
+        (`x.copy_(x.t())`, `x[1:] = x[:-1]`, or another input's write-back) is first computed into
+        a buffer of its own, before any write-back runs: it must see the inputs' old values."""
+        mutated = {inp.name for inp, _ in graph.mutations}
+        targets = [next(b for b in self.inputs if b.name == inp.name) for inp, _ in graph.mutations]
+        values = [self.env[new] for _, new in graph.mutations]
+        values = [self.realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
+                  for v, t in zip(values, targets)]
+        mutations = []
+        for target, v, (_, new_node) in zip(targets, values, graph.mutations):
+            name = self.new_name()
+            self.emit(Pointwise(name, target.dtype, list(target.layout.shape),
+                                _convert_loader(v, target.dtype), target.layout,
+                                list(v.origins) or [new_node.name]))
+            mutations.append((target.name, name))
+        return mutations
 
 
 class _ViewProbe:
@@ -808,21 +576,6 @@ def strided_view(v: Value, dtype_of) -> ReinterpretView | None:
     return ReinterpretView(name, Layout(tuple(v.shape), tuple(strides), offset))
 
 
-class LoadCollector:
-    """An ops handler that only records `ops.load(name, index)` calls (dependences, §7.1)."""
-
-    def __init__(self):
-        self.loads = []
-
-    def load(self, name, index):
-        self.loads.append((name, index))
-
-    def masked(self, mask, body, other):
-        return body()
-
-    def __getattr__(self, name):
-        return lambda *args: None
-
 
 def _reads_mutated_elsewhere(v: Value, target: InputBuffer, mutated: set) -> bool:
     """Does computing element i of `target`'s new value read a mutated input at any other element
@@ -853,137 +606,3 @@ def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name):
                 continue
         out.append(buf)
     lowered.buffers = out
-
-
-# ---- Printing the IR (STAX_LOGS=ir) ----
-
-
-class IRPrinter:
-    """An ops handler whose values are strings: prints each ops call as `tmpN = ops.name(args)`."""
-
-    def __init__(self):
-        self.lines, self.n = [], 0
-
-    def _emit(self, text):
-        name = f"tmp{self.n}"
-        self.n += 1
-        self.lines.append(f"{name} = {text}")
-        return name
-
-    def __getattr__(self, name):
-        def call(*args):
-            return self._emit(f"ops.{name}({', '.join(_fmt(a) for a in args)})")
-        return call
-
-    def masked(self, mask, body, other):
-        inner = IRPrinter()
-        inner.n = self.n + 1
-        with set_handler(inner):
-            result = body()
-        self.n = inner.n
-        name = self._emit(f"ops.masked({mask}, <body>, {other})")
-        self.lines[-1:-1] = [f"    {line}" for line in inner.lines] + [f"    # masked body returns {result}"]
-        return name
-
-
-def _fmt(a):
-    if hasattr(a, "name") and hasattr(a, "itemsize"):
-        return f"stax.{a.name}"
-    return str(a)
-
-
-def format_buffer(buf) -> str:
-    if isinstance(buf, ExternKernel):
-        return f"{buf.name} = ExternKernel({buf.op}, inputs={buf.inputs}, params={buf.params})  # {', '.join(buf.origins)}"
-    p = IRPrinter()
-    idx = index_vars("i", len(buf.ranges))
-    with set_handler(p):
-        if isinstance(buf, Pointwise):
-            result = buf.inner_fn(idx)
-            head = f"{buf.name} = Pointwise(ranges={list(buf.ranges)}, dtype={buf.dtype.name})"
-            sig = "def inner_fn(index):"
-            unpack = f"    {', '.join(map(str, idx))}{',' if len(idx) == 1 else ''} = index" if idx else ""
-        else:
-            ridx = index_vars("r0_", len(buf.reduction_ranges))
-            result = buf.inner_fn(idx, ridx)
-            head = (f"{buf.name} = Reduction({buf.reduction_type}, ranges={list(buf.ranges)}, "
-                    f"reduction_ranges={list(buf.reduction_ranges)}, dtype={buf.dtype.name})")
-            sig = "def inner_fn(index, rindex):"
-            unpack = "\n".join(
-                s for s in (f"    {', '.join(map(str, idx))}{',' if len(idx) == 1 else ''} = index" if idx else "",
-                            f"    {', '.join(map(str, ridx))}{',' if len(ridx) == 1 else ''} = rindex") if s)
-    body = "\n".join(f"    {line}" for line in p.lines)
-    parts = [f"{head}  # {', '.join(buf.origins)}", sig]
-    if unpack:
-        parts.append(unpack)
-    parts += [body, f"    return {result}"] if body else [f"    return {result}"]
-    return "\n".join(parts)
-
-
-def format_ir(lowered: LoweredGraph) -> str:
-    return "\n\n".join(format_buffer(b) for b in lowered.buffers)
-
-
-# ---- Prop. 6.3: merging contiguous loop dimensions (used by both code generators) ----
-
-
-class IndexCollector:
-    """ops handler collecting every index expression a body uses (loads and index_expr), with the
-    buffer each load reads (None for an index_expr, which touches no memory)."""
-
-    def __init__(self):
-        self.exprs, self.names = [], []
-
-    def load(self, name, index):
-        self.exprs.append(index)
-        self.names.append(name)
-
-    def index_expr(self, expr, dtype):
-        self.exprs.append(expr)
-        self.names.append(None)
-
-    def masked(self, mask, body, other):
-        return body()
-
-    def __getattr__(self, name):
-        return lambda *args: None
-
-
-def merge_dims(sizes, vars_, exprs, ranges):
-    """Merge loop dims j, j+1 whenever every index uses them as one (Prop. 6.3).
-
-    Dims j, j+1 merge when each index expression is affine in (v_j, v_{j+1}) with
-    coeff(v_j) = size_{j+1}·coeff(v_{j+1}): then c·(size_{j+1}·v_j + v_{j+1}) is c·v for one variable
-    v over size_j·size_{j+1}. Returns (sizes, variables, steps): `steps` are substitutions to apply,
-    in order, to every (simplified) index expression of the kernel; and the merged expressions.
-    """
-    sizes, vars_ = list(sizes), list(vars_)
-    exprs = [simplify_index(e, ranges) for e in exprs]
-    steps = []
-    j = len(sizes) - 2
-    while j >= 0:
-        a, b = vars_[j], vars_[j + 1]
-        if all(_mergeable(e, a, b, sizes[j + 1]) for e in exprs):
-            step = {a: sympy.Integer(0), b: a}      # a keeps the merged loop's name
-            exprs = [sympy.expand(e.subs(step, simultaneous=True)) for e in exprs]
-            steps.append(step)
-            sizes[j] = sizes[j] * sizes[j + 1]
-            del sizes[j + 1], vars_[j + 1]
-        j -= 1
-    return sizes, vars_, steps, exprs
-
-
-def _mergeable(e, a, b, size_b) -> bool:
-    if not e.has(a) and not e.has(b):
-        return True
-    for atom in e.atoms(sympy.Function):
-        if atom.has(a) or atom.has(b):
-            return False
-    e = sympy.expand(e)
-    ca, cb = e.coeff(a), e.coeff(b)
-    if (e - ca * a - cb * b).has(a, b):
-        return False                                # not affine in (a, b)
-    return sympy.expand(ca - size_b * cb) == 0
-
-
-# ---- Kernels ----

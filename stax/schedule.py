@@ -1,6 +1,9 @@
 """§7 Scheduling: dependence graph, fusion, kernel order, buffer lifetimes.
 
-Consumes a `lower.LoweredGraph` (IR buffers in dependence order) and produces a `Schedule`: an
+Layer: above ir.py (the IR it reads; it never imports lower.py), below the code generators
+(codegen_cpp.py, codegen_triton.py), which print one kernel per group.
+
+Consumes an `ir.LoweredGraph` (IR buffers in dependence order) and produces a `Schedule`: an
 ordered list of `FusionGroup`s, each of which becomes one kernel, plus the lifetime facts the
 wrapper needs (after which kernel each buffer is dead, which buffers never leave a kernel).
 
@@ -31,8 +34,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .lower import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView,
-                    index_vars, set_handler, simplify_index)
+from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView,
+                 index_vars, set_handler, simplify_index)
 
 # ---- Data types ----
 
@@ -146,7 +149,10 @@ def _fits(group: FusionGroup, buf) -> tuple | None:
     return (gx, gr) if bx == gx else None
 
 
-def _can_join(group: FusionGroup, buf, producers: dict, writes_input: str | None, readers: dict) -> bool:
+def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
+    """May `buf` run inside `group`'s loop nest? Its loops must fit, it must read every producer in
+    the group exactly where that producer stores, and a write-back into input `writes_input` must
+    write the very element each reader of that input in the group reads."""
     fit = _fits(group, buf)
     if fit is None:
         return False
@@ -190,7 +196,7 @@ def schedule(lowered) -> Schedule:
             earliest = max(earliest, len(groups) - 1 if groups else 0)
         placed = None
         for g in groups[earliest:]:
-            if _can_join(g, buf, group_of, writes_input, readers):
+            if _can_join(g, buf, writes_input):
                 placed = g
                 break
         if placed is None:
@@ -209,8 +215,12 @@ def schedule(lowered) -> Schedule:
         group_of[buf.name] = placed.index
         for r in reads:
             readers.setdefault(r, set()).add(placed.index)
+    last_use, kernel_local = _lifetimes(lowered, groups, group_of, readers)
+    return Schedule(groups, lowered, last_use, kernel_local)
 
-    # §7.5 lifetimes: the last kernel that reads each buffer; buffers that never leave their kernel
+
+def _lifetimes(lowered, groups, group_of, readers):
+    """§7.5: the last kernel that reads each buffer, and the buffers that never leave their kernel."""
     last_use = {}
     for name, gs in readers.items():
         last_use[name] = max(gs)
@@ -225,7 +235,7 @@ def schedule(lowered) -> Schedule:
             if (private and n.name not in outputs and n.name not in written_back
                     and g.kind != "extern" and not _is_elementwise(n, g)):
                 kernel_local.add(n.name)
-    return Schedule(groups, lowered, last_use, kernel_local)
+    return last_use, kernel_local
 
 
 def _is_elementwise(buf, group) -> bool:

@@ -39,7 +39,7 @@ import numpy as np
 from .dtypes import (_ALIASES, _FROM_NP, _HALF, DTYPES, DType, _combine,  # noqa: F401 (re-exported)
                      _scalar_dtype, _to_compute_form, _to_storage_form, bfloat16, bool_, can_cast,
                      float16, float32, float64, int32, int64, promote_types)
-from .op_table import OPS, manual_seed, names
+from .op_table import OPS, manual_seed, names  # noqa: F401 (manual_seed re-exported)
 
 __all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int32 int64 bool_
     promote_types result_type can_cast set_num_threads get_num_threads manual_seed tensor from_numpy

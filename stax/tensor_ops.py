@@ -444,7 +444,7 @@ def gelu(x, approximate="none"):
     elif approximate == "none":
         y = mul(mul(x, 0.5), add(erf(mul(x, 0.7071067811865476)), 1))
     else:
-        raise RuntimeError(f"approximate argument must be either none or tanh.")
+        raise RuntimeError("approximate argument must be either none or tanh.")
     return _downcast(y, dt)
 
 
@@ -562,7 +562,7 @@ def var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     if not x.dtype.is_floating_point:
-        raise RuntimeError(f"std and var only support floating point and complex dtypes")
+        raise RuntimeError("std and var only support floating point and complex dtypes")
     x, half = _upcast(x)
     dev = sub(x, div(sum(x, dim, True), _count(x, dim)))   # two-pass: deviations from the mean
     ss = sum(mul(dev, dev), dim, keepdim)
