@@ -7,11 +7,11 @@ Consumes a Python function and example inputs; produces a `Graph`: placeholder n
 inputs, one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
 the outputs, and the write-backs of inputs the function updated in place.
 
-The function runs once on *proxy* tensors: tensor.py routes every primitive op through one
-choke point (`tensor._dispatch`), which hands ops on proxies to the `Tracer` below (installed with
-`tensor.set_tracer`) instead of computing them. Python control flow runs normally, so a branch on a shape is simply taken (the
-specialization key covers shapes); a branch on tensor *data* (`bool(t)`, `t.item()`) cannot be
-recorded (§3.4) and raises `GraphBreak`, naming the user's source line.
+The function runs once on *proxy* tensors: tensor.py routes every primitive op through one choke
+point (`tensor._dispatch`), which hands ops on proxies to the `Tracer` below (installed with
+`tensor.set_tracer`) instead of computing them. Python control flow runs normally, so a branch on a
+shape is simply taken (the specialization key covers shapes); a branch on tensor *data* (`bool(t)`,
+`t.item()`) cannot be recorded (§3.4) and raises `GraphBreak`, naming the user's source line.
 
 Where to look:
   - `Node`, `Graph` ........................ the graph; `Graph.format()` prints one node per line
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from .dtypes import DType
 from .tensor import VIEW_OPS, Meta, Tensor, _dispatch, set_tracer
 
-# ---- The graph ----
+# ---- §3 The graph ----
 
 
 @dataclass(eq=False)
@@ -81,7 +81,7 @@ class GraphBreak(Exception):
     """The function cannot be captured as one graph (data-dependent control flow, §3.4)."""
 
 
-# ---- The tracer: what tensor._dispatch calls while a function is being captured ----
+# ---- §3 The tracer: what tensor._dispatch calls while a function is being captured ----
 
 
 def _user_frame() -> str:
@@ -242,7 +242,7 @@ def _scatter_into(base, value, view_ops):
                        "refers to a single memory location (an in-place update through expand())")
 
 
-# ---- Entry point ----
+# ---- §3 Entry point ----
 
 
 _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, never enters the graph

@@ -1,11 +1,14 @@
 """Data types: Stax's dtypes, PyTorch's promotion rules, and the numpy forms values take.
 
+Layer: the bottom of the stack (with op_table.py, which imports it); every other module may import it.
+
 A `DType` names two numpy dtypes: the *storage* form (what a buffer holds: bfloat16 is stored as
 16-bit words) and the *compute* form (what eager arithmetic runs in: half types compute in float32,
 §6.2). This module consumes nothing of Stax (numpy only) and produces the dtype constants
 (`float32` ... `bool_`, `DTYPES`, PyTorch's aliases in `_ALIASES`), the promotion lattice, and the
-conversions between the two forms. `tensor.py` re-exports all of it (`stax.tensor.float32`,
-`T.DTYPES`, `T.DType`); the one dtype rule that looks at tensors, `result_type`, lives there.
+conversions between the two forms. `tensor.py` re-exports its names (`stax.tensor.float32`,
+`stax.tensor.DTYPES`, `stax.tensor.DType`); the one dtype rule that looks at tensors,
+`result_type`, lives there.
 
 Where to look:
   - the dtypes:                DType, float32 ... bool_, DTYPES, _ALIASES, _FROM_NP

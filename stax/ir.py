@@ -33,7 +33,7 @@ import sympy
 
 from .dtypes import bfloat16, bool_, float16, float32
 
-# ---- §6.1 The ops handler: a swappable object that inner_fn bodies call ----
+# ---- §6 The ops handler: a swappable object that inner_fn bodies call ----
 
 
 class _Ops:
@@ -66,7 +66,7 @@ class set_handler:
         _Ops.handler = self.prev
 
 
-# ---- §6.1 Index expressions ----
+# ---- §6 Index expressions ----
 
 Expr = sympy.Expr
 
@@ -179,7 +179,7 @@ def simplify_index(expr, ranges: dict):
     return sympy.expand(visit(expr))
 
 
-# ---- §6.1 The IR nodes ----
+# ---- §6 The IR nodes ----
 
 
 @dataclass
@@ -297,7 +297,7 @@ def compute_dtype(dtype):
     return float32 if dtype in (float16, bfloat16) else dtype
 
 
-# ---- §6 Handlers that only look: dependences ----
+# ---- §6/§7.1 A handler that only records loads (dependences) ----
 
 
 class LoadCollector:
@@ -316,8 +316,7 @@ class LoadCollector:
         return lambda *args: None
 
 
-
-# ---- §6.1 Printing the IR (STAX_LOGS=ir, Listing 6.2's form) ----
+# ---- §6 Printing the IR (STAX_LOGS=ir, Listing 6.2's form) ----
 
 
 class IRPrinter:
@@ -386,7 +385,7 @@ def format_ir(lowered: LoweredGraph) -> str:
     return "\n\n".join(format_buffer(b) for b in lowered.buffers)
 
 
-# ---- §6.3 Merging contiguous loop dimensions (Prop. 6.3; both code generators use it) ----
+# ---- §6 Prop. 6.3: merging contiguous loop dimensions (both code generators use it) ----
 
 
 class IndexCollector:

@@ -47,7 +47,7 @@ _FLOAT_ONLY = {name for name, d in OPS.items() if d.float_only}
 _VIEWS = {name for name, d in OPS.items() if d.kind == "view"}
 
 
-# ---- Values during lowering: a loader (index -> ops value) with a shape and a dtype ----
+# ---- §6 Values during lowering: a loader (index -> ops value) with a shape and a dtype ----
 
 
 @dataclass
@@ -72,7 +72,7 @@ def _scalar_value(x, dtype):
     return Value((), dtype, lambda idx: ops.constant(x, compute_dtype(dtype)))
 
 
-# ---- Views as index rewriting (never copies) ----
+# ---- §6 Views as index rewriting (never copies) ----
 
 
 def _reshape_reindex(old_shape, new_shape):
@@ -139,7 +139,7 @@ def _lower_view(node, src: Value) -> Value:
                  cost=src.cost)
 
 
-# ---- Pointwise ops: broadcasting and the compute dtype ----
+# ---- §6 Pointwise ops: broadcasting and the §6.2 compute dtype ----
 
 
 def _broadcast_loader(v: Value, out_shape):

@@ -4,7 +4,7 @@ buffers never touch memory. Generation only: nothing here runs the C++ compiler.
 import pytest
 
 import stax
-from stax import lower, schedule
+from stax import ir, lower, schedule
 from stax.capture import capture
 
 
@@ -56,7 +56,7 @@ def test_softmax_keeps_intermediates_in_the_kernel():
     assert group.kind == "reduction" and group.ranges == [64] and group.reduction_ranges == [128]
     stored = [n.name for n in group.nodes if n.name not in s.kernel_local]
     assert stored == [s.lowered.outputs[0]]             # only the result is written to memory
-    assert sum(isinstance(n, lower.Reduction) for n in group.nodes) == 2   # max and sum, one row pass each
+    assert sum(isinstance(n, ir.Reduction) for n in group.nodes) == 2   # max and sum, one row pass each
 
 
 def test_example_1_1_is_one_reduction_with_its_prologue():
