@@ -734,3 +734,13 @@ def test_every_pointwise_op_of_the_table_is_a_function_and_a_method():
         if d.kind in ("unary", "binary"):
             assert callable(getattr(st, name)) and callable(getattr(Tensor, name)), name
     assert PRIMITIVES == {n for n, d in OPS.items() if d.kind != "scatter"}
+
+
+def test_tensor_py_never_imports_tensor_ops():
+    """The module stack is one-way: tensor_ops.py builds on tensor.py, never the reverse."""
+    import ast
+    import pathlib
+    src = pathlib.Path(st.__file__).with_name("tensor.py").read_text()
+    imported = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "tensor_ops" not in imported and "capture" not in imported, imported
