@@ -747,11 +747,11 @@ class TritonKernel:
 
     def compile_for(self, cc: int = 90, cfg: Config | None = None):
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
-        from . import cuda
+        from . import cuda_triton
         numels = {f"{p}numel": n for p, n in self.size_hints.items()}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
-        return cuda.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
+        return cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
                                    num_stages=cfg["num_stages"], cc=cc, attrs=self._attrs(True))
 
     def _attrs(self, aligned: bool) -> dict:
@@ -761,7 +761,7 @@ class TritonKernel:
     def _compile(self, cfg: Config, aligned: bool):
         """Compile for this GPU once per configuration; cubins are cached on disk by content."""
         import pickle
-        from . import cache, cuda
+        from . import cache, cuda, cuda_triton
         props = cuda.get_device_properties()
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
@@ -771,11 +771,11 @@ class TritonKernel:
         if path.exists():
             cubin, info = pickle.loads(path.read_bytes())
         else:
-            cubin, info, _ = cuda.compile_triton(self.fn, dict(self.signature), constexprs,
+            cubin, info, _ = cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs,
                                                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                                                  cc=cc, attrs=self._attrs(aligned))
             cache.atomic_write(path, pickle.dumps((cubin, info)))
-        return cuda.launcher_for_triton(cubin, info, list(self.signature.values()))
+        return cuda_triton.launcher_for_triton(cubin, info, list(self.signature.values()))
 
 
 class MultiKernel:
