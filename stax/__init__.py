@@ -7,7 +7,8 @@
 
 Public API: the tensor functions of `tensor.py` (PyTorch spelling), `stax.compile` and
 `stax.generate`. The compiler's stages live in their own modules, one per chapter section:
-capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§8) / codegen_triton.py (§9).
+capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§8) / codegen_triton.py (§9)
+→ runtime.py (loading, §11.1 artifact cache). This module is the top of that stack (§2).
 
 Where to look:
   - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit

@@ -86,7 +86,7 @@ class SearchStats:
         return self.trajectory[-1][1] if self.trajectory else math.inf
 
 
-# ---- shared helpers ----
+# ---- §9.6 Helpers both searches share ----
 
 def _check_space(space: Space) -> None:
     for name, values in space.items():

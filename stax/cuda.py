@@ -47,9 +47,7 @@ __all__ = [
     "CDEF",
 ]
 
-# ======================================================================================
-# Driver binding (cdef) and lazy initialisation
-# ======================================================================================
+# ---- §9.7 Driver binding (cdef) and lazy initialisation ----
 
 CDEF = """
 typedef int CUresult;
@@ -271,9 +269,7 @@ def _ctx_current() -> None:
         _check(st.lib.cuCtxSetCurrent(st.context), "cuCtxSetCurrent")
 
 
-# ======================================================================================
-# Errors
-# ======================================================================================
+# ---- §9.7 Errors ----
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed. ``.code`` is the CUresult, ``.name`` e.g. CUDA_ERROR_OUT_OF_MEMORY."""
@@ -315,9 +311,7 @@ def _check(rc: int, call: str, detail: str = "") -> None:
         raise _make_error(st.ffi, st.lib, rc, call, detail)
 
 
-# ======================================================================================
-# Device properties
-# ======================================================================================
+# ---- §9.1 Device properties (the target code is generated for) ----
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProperties:
@@ -382,9 +376,7 @@ def driver_version() -> int:
     return init().driver_version
 
 
-# ======================================================================================
-# Caching allocator (section 9.7)
-# ======================================================================================
+# ---- §9.7 Caching allocator ----
 
 _SMALL_LIMIT = 1 << 20          # requests up to 1 MiB: 512 B granules
 _SMALL_GRANULE = 512
@@ -574,9 +566,7 @@ def empty_cache() -> None:
     init().alloc.empty_cache()
 
 
-# ======================================================================================
-# Copies (offsets in bytes; a DeviceBuffer or a raw int device pointer is accepted)
-# ======================================================================================
+# ---- §9.7 Copies (offsets in bytes; a DeviceBuffer or a raw int device pointer is accepted) ----
 
 def _dptr(buf, offset: int, nbytes: int, what: str) -> int:
     if isinstance(buf, DeviceBuffer):
@@ -660,9 +650,7 @@ def to_host(buf, shape, dtype, offset: int = 0):
     return out
 
 
-# ======================================================================================
-# Streams and events
-# ======================================================================================
+# ---- §9.6–9.7 Streams and events (events time Algorithm 9.1's candidates) ----
 
 class Stream:
     """A CUDA stream. The process's default one is ``current_stream()``."""
@@ -750,9 +738,7 @@ class Event:
             pass
 
 
-# ======================================================================================
-# CUDA graphs (capture of the default stream)
-# ======================================================================================
+# ---- §9.7 CUDA graphs (capture of the default stream) ----
 
 class CUDAGraph:
     """Capture the work queued on the default stream, replay it with one cuGraphLaunch.
@@ -828,9 +814,7 @@ class CUDAGraph:
             pass
 
 
-# ======================================================================================
-# Tensor storage on the device (what stax.tensor keeps for device="cuda")
-# ======================================================================================
+# ---- §9.7 Tensor storage on the device (what stax.tensor keeps for device="cuda") ----
 
 def interpreting() -> bool:
     """TRITON_INTERPRET=1: "cuda" tensors live in host memory and kernels run in Triton's interpreter.

@@ -33,9 +33,7 @@ from . import cuda
 __all__ = ["Kernel", "Launcher", "load_kernel", "TritonKernelInfo", "compile_triton",
            "launcher_for_triton"]
 
-# ======================================================================================
-# Modules and launch
-# ======================================================================================
+# ---- §9.7 Modules and launch (Listing 9.6's `.run`) ----
 
 # Triton signature spelling -> (struct code for one 8-byte slot, is pointer)
 _ARG_CODES = {
@@ -223,9 +221,7 @@ class Launcher:
             cuda._check(rc, "cuLaunchKernel", f"{self.kernel.name}, grid={grid}")
 
 
-# ======================================================================================
-# Triton compile helper (no GPU needed)
-# ======================================================================================
+# ---- §9.7 Triton compile helper (no GPU needed) ----
 
 @dataclasses.dataclass(frozen=True)
 class TritonKernelInfo:

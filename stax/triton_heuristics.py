@@ -222,7 +222,7 @@ class CachingAutotuner:
     `async_compile.triton(name, source)` return.
 
     `run(*args)` picks the launch configuration (Algorithm 9.1 on first use), compiles it once (the
-    cubin is cached on disk by content), and launches through stax.cuda's Launcher, whose argument
+    cubin is cached on disk by content), and launches through cuda_triton's Launcher, whose argument
     array is built once. With the cubin and the choice already on disk, triton is never imported.
     """
 
@@ -236,8 +236,10 @@ class CachingAutotuner:
         self.r0_block = size_hints.get("r0_") if kind == "persistent_reduction" else None
         self.launchers: dict = {}
         self.config = None
-        self._fast = None            # (numels, grid, launcher) of the last launch
-        self.mode, self.options = None, {}   # set by stax.compile(mode=..., options=...)
+        # the last aligned launch: (its numel arguments, grid, launcher, where the numels start in
+        # the arguments); `run` reuses it when a launch passes the same numels
+        self._fast = None
+        self.mode, self.options = None, {}   # runtime.AsyncCompile sets stax.compile's mode and options
         self.tuning_seconds = 0.0
         self.best_ms = None          # the chosen configuration's measured time, when measured
 
