@@ -25,6 +25,11 @@ cuda = importlib.util.module_from_spec(spec)
 sys.modules["stax_cuda_bench"] = cuda
 spec.loader.exec_module(cuda)
 T_IMPORT = time.perf_counter() - T_START
+# cubins are compiled and launched one layer up, in stax/cuda_triton.py: point it at this same
+# standalone driver module so both share one driver state
+sys.path.insert(0, str(ROOT))
+import stax.cuda_triton as cuda_triton  # noqa: E402
+cuda_triton.cuda = cuda
 
 import numpy as np  # noqa: E402
 
@@ -69,9 +74,9 @@ def main():
     launchers = {}
     for blk, nw in configs:
         t0 = time.perf_counter()
-        cubin, info, name = cuda.compile_triton(stax_bench_add, sig, {"BLOCK": blk}, num_warps=nw)
+        cubin, info, name = cuda_triton.compile_triton(stax_bench_add, sig, {"BLOCK": blk}, num_warps=nw)
         tc = time.perf_counter() - t0
-        launchers[(blk, nw)] = cuda.launcher_for_triton(cubin, info, sig)
+        launchers[(blk, nw)] = cuda_triton.launcher_for_triton(cubin, info, sig)
         print(f"compiled BLOCK={blk} warps={nw} in {tc:.2f}s: {info}", flush=True)
         res.setdefault("compile_s", []).append(tc)
     row("triton compile (first / later)", f"{res['compile_s'][0]:.2f} / "
@@ -165,7 +170,7 @@ def main():
     row("host us/launch, bare cffi cuLaunchKernel", f"{us_raw:.2f} us", "~6 us")
 
     # ---------------- CUDA graph: 100 launches replayed
-    g = cuda.Graph()
+    g = cuda.CUDAGraph()
     with g:
         for _ in range(100):
             lz(grid, args_buf)

@@ -157,7 +157,7 @@ def matmuls(names):
 
 def host_overhead():
     """Host µs per launch (best of 3 runs of 2000): a one-kernel compiled function on a tiny input,
-    the kernel's launch alone (`TritonKernel.run`), and the bare driver call under it (the
+    the kernel's launch alone (`CachingAutotuner.run`), and the bare driver call under it (the
     launcher with its argument list built beforehand: the floor for a launch from Python)."""
     x = stax.randn(1024, device="cuda")
     f = stax.compile(lambda x: x * 2 + 1)

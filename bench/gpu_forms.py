@@ -11,7 +11,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stax  # noqa: E402
-from stax import autotune, cuda  # noqa: E402
+from stax import cuda, triton_heuristics  # noqa: E402
 from gpu import copy_bandwidth, time_calls  # noqa: E402
 
 CASES = [
@@ -26,7 +26,7 @@ CASES = [
 
 def main():
     bw = copy_bandwidth()
-    measured = autotune.MultiKernel._choose
+    measured = triton_heuristics.MultiKernel._choose
     forced = {"persistent": lambda self, args: self.kernels[0], "looped": lambda self, args: self.kernels[1],
               "measured": measured}
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
@@ -39,7 +39,7 @@ def main():
         cells, configs, ref = [], [], None
         for form, choose in forced.items():
             os.environ["STAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="stax-forms-")
-            autotune.MultiKernel._choose = choose
+            triton_heuristics.MultiKernel._choose = choose
             f = stax.compile(fn)
             host = f(*args).cpu().numpy()
             ref = host if ref is None else ref
@@ -50,7 +50,7 @@ def main():
             ms = time_calls(f, args)
             cells.append(f"{ms:.3f} ({floor / ms:.2f})")
             configs.append(f"{form}: {chosen.name if chosen else '-'} {chosen.config if chosen else ''}")
-        autotune.MultiKernel._choose = measured
+        triton_heuristics.MultiKernel._choose = measured
         print(f"| {name} | {rows}×{n} | {' | '.join(cells)} | {'; '.join(configs)} |", flush=True)
         del args
 

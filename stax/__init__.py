@@ -7,7 +7,8 @@
 
 Public API: the tensor functions of `tensor.py` (PyTorch spelling), `stax.compile` and
 `stax.generate`. The compiler's stages live in their own modules, one per chapter section:
-capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§8) / codegen_triton.py (§9).
+capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§8) / codegen_triton.py (§9)
+→ runtime.py (loading, §11.1 artifact cache). This module is the top of that stack (§2).
 
 Where to look:
   - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit
@@ -138,7 +139,7 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
     _log("kernels", name, "\n".join(module.kernels.values()) or "(no kernels)")
     _log("wrapper", name, module.wrapper)
     if path is not None:
-        runtime.save_artifact(path, "triton" if cuda else "cpp", module)
+        runtime.save_artifact(path, module)
     return Generated(dict(module.kernels), module.wrapper, graph, ir_text, sched_text, module)
 
 
@@ -227,10 +228,8 @@ class CompiledFunction:
             self.artifacts[key] = None
             return None
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
-        call = gen.module.load()
-        for obj in getattr(call, "__globals__", {}).values():   # GPU kernels: the tuning mode
-            if hasattr(obj, "options") and hasattr(obj, "tuning_seconds"):
-                obj.mode, obj.options = self.mode, self.options
+        from . import runtime
+        call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         self.constants[key] = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
                                                              str, type(None))) for a in args)

@@ -1,4 +1,4 @@
-"""The `stax` command line: `python -m stax ...`.
+"""The `stax` command line: `python -m stax ...` (the top of the stack, beside `stax/__init__.py`).
 
     python -m stax run FILE [--show graph,ir,schedule,kernels,wrapper] [--device cpu|cuda] [-- ARGS]
     python -m stax cache clear

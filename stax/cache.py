@@ -1,10 +1,13 @@
 """Content-addressed cache and the C++ toolchain (§11.1 content-addressed cache; §8 runtime:
 compile & load).
 
+Layer: bottom (imports no other stax module; everything that writes to disk builds on it).
+
 Consumes: C++ kernel source text (the prelude ``cpp_prelude.h`` followed by the generated
 ``extern "C"`` kernels) and the C declarations of those kernels (a cffi ``cdef``).
 Produces: ``(ffi, lib)``, a cffi handle on the compiled shared library, whose functions take
-numpy buffers through ``ffi.cast("float*", arr.ctypes.data)``.
+pointers into tensors' memory (runtime.py's ``ptr()``: ``ffi.from_buffer("float[]", data) + offset``,
+typed by ``storage_ctype``).
 
 Everything Stax writes to disk goes under ``cache_dir()`` (``$STAX_CACHE_DIR`` or
 ``~/.cache/stax``), named by a hash of its content (plus, for native code, the compiler's
@@ -31,6 +34,7 @@ from pathlib import Path
 __all__ = [
     "cache_dir", "atomic_write", "content_hash", "clear_cache", "cxx_compiler",
     "compiler_identity", "cxx_flags", "CXXFLAGS", "CppCompileError", "load_cpp", "prelude",
+    "storage_ctype",
 ]
 
 # ---- §11.1 Content-addressed cache ----
@@ -201,6 +205,18 @@ def prelude() -> str:
     if _prelude_text is None:
         _prelude_text = (Path(__file__).parent / "cpp_prelude.h").read_text()
     return _prelude_text
+
+
+# The C++ element type of each dtype's buffers: the kernels' pointer parameters (codegen_cpp.py)
+# and the runtime's `ptr()` casts (runtime.py) agree through this table, kept here, below both, so
+# that a warm start (runtime only) never imports the code generator (and sympy with it).
+_STORAGE_CTYPE = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t",
+                  "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+
+
+def storage_ctype(dtype) -> str:
+    """The C++ element type of a buffer of `dtype` (half types are stored as 16-bit words)."""
+    return _STORAGE_CTYPE[dtype.name]
 
 
 # ---- §8 runtime: compile & load ----

@@ -1,36 +1,44 @@
 """§8 CPU code generation: fusion groups → C++ kernels + a Python wrapper.
 
+Layer: back end (CPU). Imports the IR (`lower`), the schedule (`schedule`), the shared wrapper
+pieces (`wrapper`) and `cache.prelude`; nothing above it. runtime.py loads what it produces.
+
 Consumes a `schedule.Schedule`; produces a `CppModule`: the text of one C++ file (the prelude
-`cpp_prelude.h` with Stax's vectorizable math, then one `extern "C"` function per kernel) and the text
-of a Python wrapper `call(args)` that allocates buffers, launches kernels in order and drops each
-buffer after its last use. `load()` compiles the file with the system C++ compiler (through the
-content-addressed cache of `cache.py`) and imports the wrapper from a file.
+`cpp_prelude.h` with Stax's vectorizable math, then one `extern "C"` function per kernel), the cffi
+declarations of those functions, and the text of a Python wrapper `call(args)` that allocates
+buffers, launches kernels in order and drops each buffer after its last use. Generation stops at
+text: `runtime.load_module` compiles the file with the system C++ compiler (through the
+content-addressed cache of `cache.py`) and imports the wrapper.
 
 Each kernel is printed by running the IR's `inner_fn`s with `CppPrinter`, an `ops` handler whose
 values are C++ temporaries `tmpN` (with common-subexpression elimination).
 
 Where to look:
+  - `split_policy` ....................... Alg. 6.1 on the CPU: split a reduction to fill the threads
+  - `ctype`, `storage_ctype`, `cliteral`, `cexpr`  C types, literals, index expressions
   - `CppPrinter` ......................... ops.* → C++ expressions (NaN-propagating max, half casts)
   - `_loop_nest` ......................... Prop. 6.3's merged loops (`lower.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
-  - `_reduction_kernel` .................. one pass over each row per phase; 16-lane accumulators
+  - `_reduction_kernel`, `_reduction_loop`  one pass over each row per phase; 16-lane accumulators
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
-  - `generate(schedule)`, `CppModule.load()`  the entry points
+  - `generate(schedule)` ................. the entry point
 """
 from __future__ import annotations
 
-import importlib
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 
 import sympy
 
 from . import cache
-from .runtime import storage_ctype
-T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
-from .lower import (FloorDiv, ModularIndexing, Reduction, ReinterpretView, compute_dtype, index_vars,
-                    merge_dims, set_handler, simplify_index)
-from .schedule import all_indices, dead_after, node_index, phases, store_index
+from .cache import storage_ctype
+from .dtypes import bfloat16, bool_, float16, float32, float64, int64
+from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars, merge_dims,
+                    reduction_identity, set_handler, simplify_index)
+from .schedule import all_indices, node_index, phases, store_index
+from .tensor import get_num_threads
+from .wrapper import extern_call, pyshape, wrapper_launches, wrapper_prologue
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels (cache lines)
@@ -41,7 +49,7 @@ PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
 
 def split_policy(numel_out, numel_red) -> int:
     """Alg. 6.1 on the CPU: split a reduction only when its rows cannot keep every thread busy."""
-    threads = T.get_num_threads()
+    threads = get_num_threads()
     if not (sympy.sympify(numel_out).is_Integer and sympy.sympify(numel_red).is_Integer):
         return 1
     if int(numel_out) >= threads or int(numel_red) < 65536:
@@ -49,18 +57,19 @@ def split_policy(numel_out, numel_red) -> int:
     return 8 * threads
 
 
-# ---- C types and literals ----
+# ---- §8 C types, literals and index expressions ----
 
 _CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",
           "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
 
 
 def ctype(dtype) -> str:
+    """The C++ type a kernel computes in (half types are computed as float)."""
     return _CTYPE[dtype.name]
 
 
 def cliteral(value, dtype) -> str:
-    if dtype == T.bool_:
+    if dtype == bool_:
         return "true" if value else "false"
     if not dtype.is_floating_point:
         v = int(value)
@@ -68,7 +77,7 @@ def cliteral(value, dtype) -> str:
             return "(-9223372036854775807LL - 1)"
         return f"{v}" if abs(v) < 2**31 else f"{v}LL"
     v = float(value)
-    suffix = "" if dtype == T.float64 else "f"
+    suffix = "" if dtype == float64 else "f"
     if math.isnan(v):
         return "NAN" if suffix else "(double)NAN"
     if math.isinf(v):
@@ -117,7 +126,7 @@ def _paren(e) -> str:
     return s if (sympy.sympify(e).is_Atom) else f"({s})"
 
 
-# ---- The ops handler that prints C++ ----
+# ---- §8 The ops handler that prints C++ ----
 
 
 @dataclass
@@ -172,9 +181,9 @@ class CppPrinter:
         dtype = self.kernel.dtype_of(name)
         ptr = self.kernel.arg(name, read=True)
         expr = f"{ptr}[{self.kernel.index(index)}]"
-        if dtype == T.float16:
+        if dtype == float16:
             expr = f"stax_f16_to_f32({expr})"
-        elif dtype == T.bfloat16:
+        elif dtype == bfloat16:
             expr = f"stax_bf16_to_f32({expr})"
         return self._emit(expr, dtype)
 
@@ -187,13 +196,13 @@ class CppPrinter:
     def to_dtype(self, x, dtype):
         if x.dtype == dtype:
             return x
-        if dtype == T.float16:
+        if dtype == float16:
             return self._emit(f"stax_f16_to_f32(stax_f32_to_f16({x}))", dtype)
-        if dtype == T.bfloat16:
+        if dtype == bfloat16:
             return self._emit(f"stax_bf16_to_f32(stax_f32_to_bf16({x}))", dtype)
-        if dtype == T.bool_:
+        if dtype == bool_:
             return self._emit(f"({x} != 0)", dtype)
-        if x.dtype in (T.float16, T.bfloat16) and dtype == T.float32:
+        if x.dtype in (float16, bfloat16) and dtype == float32:
             return CVar(x.name, dtype)     # half values are already held as (rounded) floats
         return self._emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
 
@@ -213,12 +222,12 @@ class CppPrinter:
     def neg(self, x): return self._emit(f"-{x}", x.dtype)
     def abs(self, x): return self._emit(f"stax_abs({x})", x.dtype)
     def reciprocal(self, x): return self._emit(f"{cliteral(1, x.dtype)} / {x}", x.dtype)
-    def isnan(self, x): return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", T.bool_)
+    def isnan(self, x): return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", bool_)
 
     def isinf(self, x):
         if not x.dtype.is_floating_point:
-            return CVar("false", T.bool_)
-        return self._emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", T.bool_)
+            return CVar("false", bool_)
+        return self._emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", bool_)
 
     def sign(self, x):
         """PyTorch's (and eager's) sign: (0 < x) - (x < 0), so sign(NaN) == 0 and sign(-0.0) == +0."""
@@ -226,8 +235,8 @@ class CppPrinter:
         return self._emit(f"static_cast<{t}>(static_cast<int>({cliteral(0, x.dtype)} < {x}) - "
                           f"static_cast<int>({x} < {cliteral(0, x.dtype)}))", x.dtype)
 
-    def logical_not(self, x): return self._emit(f"!{x}", T.bool_)
-    def bitwise_not(self, x): return self._emit(f"!{x}" if x.dtype == T.bool_ else f"~{x}", x.dtype)
+    def logical_not(self, x): return self._emit(f"!{x}", bool_)
+    def bitwise_not(self, x): return self._emit(f"!{x}" if x.dtype == bool_ else f"~{x}", x.dtype)
 
     def _pow(self, a, b):
         """x ** c for small constant c is multiplication (vectorizes, and exact as in eager)."""
@@ -241,7 +250,7 @@ class CppPrinter:
             return lambda x: self._emit(f"{fn}({x})", x.dtype)
         if op in _BINARY_OP:
             sym = _BINARY_OP[op]
-            return lambda a, b: self._emit(f"({a} {sym} {b})", T.bool_ if op in _PRED else a.dtype)
+            return lambda a, b: self._emit(f"({a} {sym} {b})", bool_ if op in _PRED else a.dtype)
         if op == "pow":
             return self._pow
         if op in ("maximum", "minimum", "floordiv", "remainder"):
@@ -251,14 +260,13 @@ class CppPrinter:
         raise AttributeError(f"the C++ back end has no ops.{op}")
 
 
-@dataclass
-class KernelArgs:
-    """Pointer parameters of one kernel, in the order they are first used."""
-    names: dict = field(default_factory=dict)      # buffer name -> parameter name
-    written: set = field(default_factory=set)
+# ---- §8 A kernel being printed: its buffers, loops and indices ----
 
 
 class CppKernel:
+    """The state of one kernel while it prints: buffers read and written (renamed to in_ptrN /
+    out_ptrN by `finish`), values computed earlier in the loop body (`locals`), merged loops."""
+
     def __init__(self, name, group, sched):
         self.name, self.group, self.sched = name, group, sched
         self.lowered = sched.lowered
@@ -301,9 +309,9 @@ class CppKernel:
         index = self.index(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
         v = str(value)
-        if node.dtype == T.float16:
+        if node.dtype == float16:
             v = f"stax_f32_to_f16({v})"
-        elif node.dtype == T.bfloat16:
+        elif node.dtype == bfloat16:
             v = f"stax_f32_to_bf16({v})"
         elif compute_dtype(node.dtype) != value.dtype:
             v = f"static_cast<{ctype(node.dtype)}>({v})"
@@ -337,7 +345,6 @@ class CppKernel:
 
 
 def _replace_word(text, old, new):
-    import re
     return re.sub(r"(?<![A-Za-z0-9_])" + re.escape(old), new, text)
 
 
@@ -376,6 +383,9 @@ def _loop_nest(k: CppKernel, xsizes, rsizes):
     xnames, rnames = index_vars("x", len(xs)), index_vars("r", len(rs))
     k.steps = xsteps + rsteps + [{**dict(zip(xm, xnames)), **dict(zip(rm, rnames))}]
     return xvars, rvars, (xnames, xs), (rnames, rs)
+
+
+# ---- §8.2 Pointwise kernels (2-D tiles for transposes) ----
 
 
 def _pointwise_kernel(k: CppKernel) -> list:
@@ -500,8 +510,16 @@ def _reduction_kernel(k: CppKernel) -> list:
 
 
 def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
-    """One pass over the reduction dims computing `nodes` (reductions and per-element nodes)."""
+    """One pass over the reduction dims computing `nodes` (reductions and per-element nodes):
+    LANES accumulators per reduction, the loops over the row, then the lanes combined."""
     reductions = [n for n in nodes if isinstance(n, Reduction)]
+    lines = _lane_accumulators(reductions)
+    lines += _row_loops(k, nodes, xidx, ridx, rnames, rsizes, bool(reductions))
+    return lines + _combine_lanes(k, reductions, xidx, ridx)
+
+
+def _lane_accumulators(reductions) -> list:
+    """Declare `acc_NAME[LANES]` (and `acc_NAME_idx` for argmax/argmin), filled with the identity."""
     pre = []
     for n in reductions:
         acc, t = f"acc_{n.name}", ctype(n.src_dtype)
@@ -512,59 +530,73 @@ def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
         else:
             pre.append(f"{t} {acc}[{LANES}];")
             pre.append(f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init};")
+    return pre
 
-    def body(lane: str) -> list:
-        p = k.printer()
-        lines = []
-        for n in nodes:
-            _, value = k.body(n, xidx, ridx, printer=p)
-            if isinstance(n, Reduction):
-                acc = f"acc_{n.name}"
-                if n.reduction_type in ("argmax", "argmin"):
-                    cmp = ">" if n.reduction_type == "argmax" else "<"
-                    flat = cexpr(_flat_rindex(rnames, rsizes))
-                    lines.append(f"{{ bool take = ({value} {cmp} {acc}[{lane}]) || ({value} != {value} && {acc}[{lane}] == {acc}[{lane}]);"
-                                 f" {acc}[{lane}] = take ? {value} : {acc}[{lane}]; {acc}_idx[{lane}] = take ? {flat} : {acc}_idx[{lane}]; }}")
-                else:
-                    lines.append(f"{acc}[{lane}] = " + _COMBINE[n.reduction_type].format(a=f"{acc}[{lane}]", v=value) + ";")
+
+def _row_body(k, nodes, xidx, ridx, rnames, rsizes, lane: str) -> list:
+    """The loop body for one element of the row: each node's value, folded into lane `lane` of
+    its accumulator (a reduction) or stored (a per-element node that leaves the kernel)."""
+    p = k.printer()
+    lines = []
+    for n in nodes:
+        _, value = k.body(n, xidx, ridx, printer=p)
+        if isinstance(n, Reduction):
+            acc = f"acc_{n.name}"
+            if n.reduction_type in ("argmax", "argmin"):
+                cmp = ">" if n.reduction_type == "argmax" else "<"
+                flat = cexpr(_flat_rindex(rnames, rsizes))
+                lines.append(f"{{ bool take = ({value} {cmp} {acc}[{lane}]) || ({value} != {value} && {acc}[{lane}] == {acc}[{lane}]);"
+                             f" {acc}[{lane}] = take ? {value} : {acc}[{lane}]; {acc}_idx[{lane}] = take ? {flat} : {acc}_idx[{lane}]; }}")
             else:
-                k.locals[n.name] = value
-                if n.name not in k.sched.kernel_local:
-                    lines.append(k.store(n, value, xidx, ridx))
-        for n in nodes:
-            if not isinstance(n, Reduction):
-                k.locals.pop(n.name, None)
-        return p.lines + lines
+                lines.append(f"{acc}[{lane}] = " + _COMBINE[n.reduction_type].format(a=f"{acc}[{lane}]", v=value) + ";")
+        else:
+            k.locals[n.name] = value
+            if n.name not in k.sched.kernel_local:
+                lines.append(k.store(n, value, xidx, ridx))
+    for n in nodes:                       # per-element values do not outlive the loop body
+        if not isinstance(n, Reduction):
+            k.locals.pop(n.name, None)
+    return p.lines + lines
+
+
+def _row_loops(k, nodes, xidx, ridx, rnames, rsizes, has_reductions: bool) -> list:
+    """Loops over the outer reduction dims, then the innermost one: in LANES-wide `omp simd`
+    chunks plus a scalar tail when there are accumulators, else one `omp simd` loop."""
+    def body(lane):
+        return "\n".join(_row_body(k, nodes, xidx, ridx, rnames, rsizes, lane)).split("\n")
 
     inner, innersize = rnames[-1], rsizes[-1]
-    outer_loops = [(v, s) for v, s in zip(rnames[:-1], rsizes[:-1])]
-    lines = list(pre)
-    depth = 0
-    for v, s in outer_loops:
+    lines, depth = [], 0
+    for v, s in zip(rnames[:-1], rsizes[:-1]):
         lines.append("    " * depth + _for(v, s) + " {"); depth += 1
     pad = "    " * depth
-    if reductions:
+    if has_reductions:
         static = sympy.sympify(innersize).is_Integer
         vec_end = str(int(innersize) // LANES * LANES) if static else f"({cexpr(innersize)}) / {LANES} * {LANES}"
         lines.append(pad + f"for (int64_t {inner}_lane0 = 0; {inner}_lane0 < {vec_end}; {inner}_lane0 += {LANES}) {{")
         lines.append(pad + "    #pragma omp simd")
         lines.append(pad + f"    for (int l = 0; l < {LANES}; l++) {{")
         lines.append(pad + f"        int64_t {inner} = {inner}_lane0 + l;")
-        lines += [pad + "        " + s for s in "\n".join(body("l")).split("\n")]
+        lines += [pad + "        " + s for s in body("l")]
         lines.append(pad + "    }")
         lines.append(pad + "}")
         if not static or int(innersize) % LANES:
             lines.append(pad + f"for (int64_t {inner} = {vec_end}; {inner} < {cexpr(innersize)}; {inner}++) {{")
-            lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
+            lines += [pad + "    " + s for s in body("0")]
             lines.append(pad + "}")
     else:
         lines.append(pad + "#pragma omp simd")
         lines.append(pad + _for(inner, innersize) + " {")
-        lines += [pad + "    " + s for s in "\n".join(body("0")).split("\n")]
+        lines += [pad + "    " + s for s in body("0")]
         lines.append(pad + "}")
     for d in range(depth - 1, -1, -1):
         lines.append("    " * d + "}")
-    # combine the lanes, then keep the row's result in a variable (and store it unless kernel-local)
+    return lines
+
+
+def _combine_lanes(k, reductions, xidx, ridx) -> list:
+    """Combine each reduction's lanes into `tmp_NAME`, the row's result (stored unless kernel-local)."""
+    lines = []
     for n in reductions:
         acc, t = f"acc_{n.name}", ctype(n.src_dtype)
         var = f"tmp_{n.name}"
@@ -577,7 +609,7 @@ def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
             lines.append(f"    bool take = (vnan && !bnan) || (vnan == bnan && (v {cmp} {var}_val || (v == {var}_val || vnan) && i < {var}));")
             lines.append(f"    if (take) {{ {var}_val = v; {var} = i; }}")
             lines.append("}")
-            value = CVar(var, T.int64)
+            value = CVar(var, int64)
         else:
             lines.append(f"{t} {var} = {acc}[0];")
             comb = _COMBINE[n.reduction_type].format(a=var, v=f"{acc}[l]")
@@ -597,11 +629,10 @@ def _flat_rindex(rnames, rsizes):
 
 
 def _identity(n) -> str:
-    from .lower import reduction_identity
     return cliteral(reduction_identity(n.reduction_type, n.src_dtype), n.src_dtype)
 
 
-# ---- The wrapper (§7.5 lifetimes) and the module ----
+# ---- §7.5 The wrapper, and the module ----
 
 # appended to the prelude in every kernel file: the thread count the wrapper sets from stax.set_num_threads
 _RUNTIME_CPP = """
@@ -623,6 +654,9 @@ extern "C" void stax_set_num_threads(int n) { omp_set_num_threads(n); }
 
 @dataclass
 class CppModule:
+    """The generated text: one C++ file (prelude + kernels), its cffi declarations and the wrapper.
+    runtime.load_module compiles and imports it."""
+    kind = "cpp"            # (a class attribute: the artifact cache's record says which loader)
     kernels: dict           # kernel name -> C++ source (launch order)
     wrapper: str            # Python source of `call(args)`
     cdefs: list
@@ -634,56 +668,6 @@ class CppModule:
 
     def __str__(self):
         return "\n".join(self.kernels.values()) + "\n\n# ---- wrapper ----\n" + self.wrapper
-
-    def load(self):
-        """Compile the kernels (or find them in the cache) and import the wrapper; returns `call`."""
-        from .runtime import load_cpu_module
-        return load_cpu_module(self.source, self.cdefs, self.wrapper)
-
-
-def _pyshape(shape) -> str:
-    items = [str(s) for s in shape]
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
-# ---- Wrapper pieces both back ends print ----
-
-
-def wrapper_prologue(low, assert_extra: str = "") -> list:
-    """`call(args)`'s first lines: unpack and clear the arguments, check each input's layout."""
-    names = [b.name for b in low.inputs]
-    lines = ["def call(args):"]
-    if names:
-        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
-    lines.append("    args.clear()")
-    for b in low.inputs:
-        lines.append(f"    assert_size_stride({b.name}, {_pyshape(b.layout.shape)}, "
-                     f"{_pyshape(b.layout.stride)}{assert_extra})")
-    return lines
-
-
-def wrapper_launches(sched, calls, indent: str) -> list:
-    """Each group's lines in launch order, each followed by `del` of the buffers it was the last
-    to read (§7.5)."""
-    lines, defined = [], {b.name for b in sched.lowered.inputs}
-    for gi, call, new in calls:
-        lines += [indent + line for line in call]
-        defined |= new
-        dead = dead_after(sched, gi, defined)
-        if dead:
-            lines.append(f"{indent}del {', '.join(dead)}")
-            defined -= set(dead)
-    return lines
-
-
-def extern_call(e, unbacked: dict, dtype_text: str) -> list:
-    """§6.1: a fallback kernel's line, and the data-dependent sizes (unbacked symbols) it defines."""
-    args = ", ".join(_pyarg(a) for a in e.inputs)
-    lines = [f"{e.name} = extern_kernel({e.op!r}, [{args}], {_pyparams(e.params)}, {dtype_text})"]
-    for sym, (node_name, dim) in unbacked.items():
-        if node_name in e.origins:
-            lines.append(f"{sym} = {e.name}.shape[{dim}]")
-    return lines
 
 
 def _wrapper(sched, calls) -> str:
@@ -713,23 +697,9 @@ def generate(sched) -> CppModule:
             for name in params:
                 if name not in allocated:
                     b = low.buffer(name)
-                    call.append(f"{name} = empty({_pyshape(b.layout.shape)}, {b.dtype.name})")
+                    call.append(f"{name} = empty({pyshape(b.layout.shape)}, {b.dtype.name})")
                     new.add(name)
             call.append(f"kernels.{k.name}({', '.join([f'ptr({p})' for p in params] + syms)})")
         allocated |= new
         calls.append((g.index, call, new))
     return CppModule(kernels, _wrapper(sched, calls), cdefs, sched)
-
-
-def _pyarg(a):
-    if isinstance(a, list):
-        return "[" + ", ".join(_pyarg(x) for x in a) + "]"
-    if isinstance(a, ReinterpretView):       # a view of a buffer, handed over without a copy
-        lay = a.layout
-        return f"reinterpret_tensor({a.buffer}, {_pyshape(lay.shape)}, {_pyshape(lay.stride)}, {lay.offset})"
-    return a if isinstance(a, str) else repr(a)
-
-
-def _pyparams(params) -> str:
-    items = [f"{k!r}: {v.name if isinstance(v, T.DType) else repr(v)}" for k, v in params.items()]
-    return "{" + ", ".join(items) + "}"

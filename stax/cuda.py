@@ -1,37 +1,39 @@
-"""stax.cuda -- the GPU runtime: a cffi (ABI mode) binding of the CUDA driver, ``libcuda.so.1``.
+"""stax.cuda -- the GPU driver layer (bottom of the stack): a cffi (ABI mode) binding of ``libcuda.so.1``.
 
-DESIGN.md, section "Runtime" (GPU bullet) and the book's section 9.7 (caching allocator). No PyTorch,
-CuPy or cuda-python underneath: ``cffi.FFI().dlopen("libcuda.so.1")``, no C compiler needed.
+Layer: bottom (imports no other stax module; tensor.py and everything above may import it).
+Chapter: DESIGN.md "Runtime" (GPU bullet); §9.7 (caching allocator, Listing 9.6's device context).
+No PyTorch, CuPy or cuda-python underneath: ``cffi.FFI().dlopen("libcuda.so.1")``, no C compiler.
 
 What it consumes / produces
-  * consumes: numpy arrays for host<->device copies, and (through cuda_triton.py) cubins;
+  * consumes: numpy arrays for host<->device copies;
   * produces: ``DeviceBuffer`` (device memory from the caching allocator), ``Stream``, ``Event``,
-    ``Graph`` (CUDA-graph capture of the default stream), ``DeviceProperties``, and ``_state`` (the
-    driver's handles) that cuda_triton.py launches with.
+    ``CUDAGraph`` (CUDA-graph capture of the default stream), ``DeviceProperties``, the storage of
+    "cuda" tensors (``DeviceArray``: device memory on a GPU, guarded host memory under Triton's
+    interpreter), ``device`` (the wrapper's ``with stax.cuda.device(0):``), and ``_state`` (the
+    driver's handles) that cuda_triton.py loads and launches cubins with.
 
 Parts (banners below): driver binding & lazy init; errors; device properties; caching allocator;
-copies; streams & events; CUDA graphs. The Triton side -- modules & launch (``Kernel``,
-``Launcher``), the Triton compile helper, and the storage of "cuda" tensors (``DeviceArray``, host
-memory under Triton's interpreter) -- is in cuda_triton.py; its names stay reachable from here
-(``stax.cuda.Launcher``), loaded at the first use of one (the last banner).
+copies; streams & events; CUDA graphs; tensor storage on the device. Loading and launching Triton
+cubins (``Kernel``, ``Launcher``, ``compile_triton``) is one layer up, in cuda_triton.py.
 
 Rules kept here
-  * importing this module touches neither the driver nor triton (nor cuda_triton.py); the first real
-    use initialises (cuInit, primary context of device 0, one created stream -- not the legacy NULL
-    stream, so that CUDA graphs can capture it). ``is_available()`` never raises.
+  * importing this module touches neither the driver nor triton; the first real use initialises
+    (cuInit, primary context of device 0, one created stream -- not the legacy NULL stream, so that
+    CUDA graphs can capture it). ``is_available()`` never raises.
   * every driver call is checked; failures raise ``CudaError`` with the driver's error name, e.g.
     ``CUDA_ERROR_OUT_OF_MEMORY in cuMemAlloc_v2(1099511627776 bytes)``.
   * all work goes on the one default stream, so stream order makes reuse of freed blocks safe.
   * launches are asynchronous; ``synchronize()`` waits; ``copy_device_to_host`` syncs first.
+  * ``TRITON_INTERPRET=1`` (``interpreting()``): "cuda" tensors live in host memory between guard
+    zones, and kernels run in Triton's interpreter -- how CI, with no GPU, runs every Triton kernel.
 
-Where to look: tests/test_cuda.py (CPU and ``gpu``-marked tests), bench/cuda_runtime_check.py
-(device checks and timings).
+Where to look: ``init``; ``_CachingAllocator``; ``CUDAGraph``; ``DeviceArray``;
+tests/test_cuda.py (CPU and ``gpu``-marked tests), bench/cuda_runtime_check.py (device checks).
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib
 import os
 import threading
 import time
@@ -41,13 +43,11 @@ __all__ = [
     "DeviceProperties", "H200_PROPERTIES", "DeviceBuffer", "allocate", "memory_stats",
     "reset_peak_memory_stats", "empty_cache", "copy_host_to_device", "copy_device_to_host",
     "copy_device_to_device", "memset_zero", "to_device", "to_host", "Stream", "current_stream",
-    "synchronize", "Event", "Kernel", "Launcher", "load_kernel", "TritonKernelInfo",
-    "compile_triton", "launcher_for_triton", "Graph", "CDEF",
+    "synchronize", "Event", "CUDAGraph", "interpreting", "check_device", "DeviceArray", "device",
+    "CDEF",
 ]
 
-# ======================================================================================
-# Driver binding (cdef) and lazy initialisation
-# ======================================================================================
+# ---- §9.7 Driver binding (cdef) and lazy initialisation ----
 
 CDEF = """
 typedef int CUresult;
@@ -269,9 +269,7 @@ def _ctx_current() -> None:
         _check(st.lib.cuCtxSetCurrent(st.context), "cuCtxSetCurrent")
 
 
-# ======================================================================================
-# Errors
-# ======================================================================================
+# ---- §9.7 Errors ----
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed. ``.code`` is the CUresult, ``.name`` e.g. CUDA_ERROR_OUT_OF_MEMORY."""
@@ -313,9 +311,7 @@ def _check(rc: int, call: str, detail: str = "") -> None:
         raise _make_error(st.ffi, st.lib, rc, call, detail)
 
 
-# ======================================================================================
-# Device properties
-# ======================================================================================
+# ---- §9.1 Device properties (the target code is generated for) ----
 
 @dataclasses.dataclass(frozen=True)
 class DeviceProperties:
@@ -380,9 +376,7 @@ def driver_version() -> int:
     return init().driver_version
 
 
-# ======================================================================================
-# Caching allocator (section 9.7)
-# ======================================================================================
+# ---- §9.7 Caching allocator ----
 
 _SMALL_LIMIT = 1 << 20          # requests up to 1 MiB: 512 B granules
 _SMALL_GRANULE = 512
@@ -572,9 +566,7 @@ def empty_cache() -> None:
     init().alloc.empty_cache()
 
 
-# ======================================================================================
-# Copies (offsets in bytes; a DeviceBuffer or a raw int device pointer is accepted)
-# ======================================================================================
+# ---- §9.7 Copies (offsets in bytes; a DeviceBuffer or a raw int device pointer is accepted) ----
 
 def _dptr(buf, offset: int, nbytes: int, what: str) -> int:
     if isinstance(buf, DeviceBuffer):
@@ -658,9 +650,7 @@ def to_host(buf, shape, dtype, offset: int = 0):
     return out
 
 
-# ======================================================================================
-# Streams and events
-# ======================================================================================
+# ---- §9.6–9.7 Streams and events (events time Algorithm 9.1's candidates) ----
 
 class Stream:
     """A CUDA stream. The process's default one is ``current_stream()``."""
@@ -748,14 +738,12 @@ class Event:
             pass
 
 
-# ======================================================================================
-# CUDA graphs (capture of the default stream)
-# ======================================================================================
+# ---- §9.7 CUDA graphs (capture of the default stream) ----
 
-class Graph:
+class CUDAGraph:
     """Capture the work queued on the default stream, replay it with one cuGraphLaunch.
 
-        g = Graph()
+        g = CUDAGraph()
         with g:            # capture (nothing runs)
             launcher(grid, args) ...
         g.replay()         # runs the captured work; synchronize() to wait
@@ -804,7 +792,7 @@ class Graph:
 
     def replay(self) -> None:
         if self._exec is None:
-            raise RuntimeError("Graph.replay: nothing captured")
+            raise RuntimeError("CUDAGraph.replay: nothing captured")
         st = _state
         _check(st.lib.cuGraphLaunch(self._exec, st.stream.handle), "cuGraphLaunch")
 
@@ -826,25 +814,86 @@ class Graph:
             pass
 
 
-# ======================================================================================
-# The Triton side (cuda_triton.py), reachable from here
-# ======================================================================================
+# ---- §9.7 Tensor storage on the device (what stax.tensor keeps for device="cuda") ----
 
-_TRITON_SIDE = frozenset((
-    "Kernel", "load_kernel", "Launcher", "TritonKernelInfo", "compile_triton", "launcher_for_triton",
-    "interpreting", "check_device", "DeviceArray", "device", "_ARG_CODES", "_arg_code",
-    "_ptx_entry_param_count"))
+def interpreting() -> bool:
+    """TRITON_INTERPRET=1: "cuda" tensors live in host memory and kernels run in Triton's interpreter.
 
-
-def __getattr__(name):
-    """``stax.cuda.Launcher`` and the rest of _TRITON_SIDE: loads cuda_triton.py at the first use
-    (PEP 562), so that this module imports without it, alone too (tests/test_cuda.py loads the file)."""
-    if name in _TRITON_SIDE:
-        value = getattr(importlib.import_module(".cuda_triton", __package__), name)
-        globals()[name] = value          # later uses are plain attribute reads
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    This is how CI, which has no GPU, runs every generated Triton kernel against numpy.
+    """
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def __dir__():
-    return sorted(set(globals()) | _TRITON_SIDE)
+def check_device(device: str) -> str:
+    """Normalize 'cuda' / 'cuda:0'; raise the clear no-GPU error when it cannot be used."""
+    dev = str(device)
+    if dev not in ("cuda", "cuda:0"):
+        raise RuntimeError(f"unknown device '{dev}': Stax knows 'cpu' and 'cuda' (device 0)")
+    if not interpreting():
+        init()       # raises CudaUnavailableError with the reason when there is no GPU
+    return "cuda"
+
+
+class DeviceArray:
+    """A flat array of `count` elements of numpy dtype `dtype` on the device.
+
+    On a GPU it owns a DeviceBuffer from the caching allocator; under the Triton interpreter it
+    owns host memory (a numpy array), which the interpreter reads and writes directly.
+    """
+
+    GUARD = 256      # elements of guard zone on each side of an interpreted array
+
+    def __init__(self, count: int, dtype):
+        import numpy as np
+        self.count, self.dtype = count, dtype          # a numpy dtype
+        if interpreting():
+            # guard zones around the array: a kernel that writes outside it is caught after launch
+            g = self.GUARD
+            self._guarded = np.empty(count + 2 * g, dtype)
+            self._guarded.view(np.uint8)[:] = 0xA5
+            self.host_array, self.buffer = self._guarded[g:g + count], None
+            self.ptr = self.host_array.ctypes.data
+        else:
+            self.host_array, self.buffer = None, allocate(max(1, count * dtype.itemsize))
+            self.ptr = self.buffer.ptr      # a plain attribute: read on every launch (host time)
+
+    def guards_intact(self) -> bool:
+        """Under the interpreter: whether both guard zones still hold their fill pattern."""
+        import numpy as np
+        g = self.GUARD
+        raw = self._guarded.view(np.uint8)
+        n = g * self.dtype.itemsize
+        return bool((raw[:n] == 0xA5).all() and (raw[len(raw) - n:] == 0xA5).all())
+
+    def upload(self, array) -> "DeviceArray":
+        import numpy as np
+        array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
+        if self.buffer is None:
+            self.host_array[...] = array
+        elif array.size:
+            copy_host_to_device(self.buffer, array)
+        return self
+
+    def host(self):
+        """A host copy of the whole array (waits for queued kernels first)."""
+        import numpy as np
+        if self.buffer is None:
+            return self.host_array.copy()
+        out = np.empty(self.count, self.dtype)
+        if self.count:
+            copy_device_to_host(out, self.buffer)
+        return out
+
+
+class device:
+    """`with stax.cuda.device(0):` in a wrapper (Listing 9.6): Stax drives device 0 only."""
+
+    def __init__(self, index: int = 0):
+        if index != 0:
+            raise RuntimeError("Stax drives one GPU (device 0)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,44 +1,39 @@
-"""stax.cuda_triton -- the Triton side of the GPU runtime: cubins loaded and launched, and storage.
+"""stax.cuda_triton -- Triton cubins compiled, loaded and launched through the CUDA driver.
 
-cuda.py binds the CUDA driver and knows nothing of Triton; this module builds on it with what
-follows Triton's conventions (DESIGN.md "Runtime"; Listing 9.6's launches). Every name here is also
-reachable as ``stax.cuda.<name>``: cuda.py loads this module at the first use of one.
+Layer: bottom, one above cuda.py (imports only ``stax.cuda``). Chapter: DESIGN.md "Runtime";
+Listing 9.6's launches; §9.6 (the launch path whose host cost the measurements include).
+cuda.py binds the driver and knows nothing of Triton; this module builds on it with what follows
+Triton's conventions. triton_heuristics.py (the launch-time kernel class) is its caller.
 
 What it consumes / produces
   * consumes: a ``@triton.jit`` function and its signature (``compile_triton`` wraps
     ``triton.compile`` for a target with no GPU present), cubins, grids and arguments in Triton's
-    signature spelling (``"*fp32"``, ``"i32"``), numpy arrays for the storage of cuda tensors;
+    signature spelling (``"*fp32"``, ``"i32"``);
   * produces: ``Kernel`` / ``Launcher`` (a loaded cubin function plus a launch path whose argument
-    array is built once), ``TritonKernelInfo``, ``DeviceArray`` (what a "cuda" tensor's storage
-    holds: a ``DeviceBuffer`` on a GPU, guarded host memory under Triton's interpreter).
+    array is built once), ``TritonKernelInfo``.
 
 Rules kept here
   * importing this module imports neither triton nor the driver (``compile_triton`` imports triton).
   * Triton >= 3.5 kernels take trailing scratch pointers (global_scratch, profile_scratch) after the
     user arguments; ``Launcher`` passes NULL when the metadata's size is 0, otherwise a buffer of
     ``size * grid programs * num_ctas`` bytes (Triton's own launcher rule), kept by the launcher.
-  * ``TRITON_INTERPRET=1`` (``interpreting()``): "cuda" tensors live in host memory between guard
-    zones, and kernels run in Triton's interpreter -- how CI, with no GPU, runs every Triton kernel.
   * the driver's state is read through the module, ``cuda._state``, never copied: it appears at
     the first use (and tests stand a fake one in).
 
-Where to look: ``Launcher.launch`` (the hot path), ``compile_triton`` / ``launcher_for_triton``,
-``DeviceArray``; tests/test_cuda.py (CPU and ``gpu``-marked tests), bench/cuda_runtime_check.py.
+Where to look: ``Launcher.launch`` and ``Launcher.launch_ints`` (the hot path),
+``compile_triton`` / ``launcher_for_triton``; tests/test_cuda.py, bench/cuda_runtime_check.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 
 from . import cuda
 
 __all__ = ["Kernel", "Launcher", "load_kernel", "TritonKernelInfo", "compile_triton",
-           "launcher_for_triton", "interpreting", "check_device", "DeviceArray", "device"]
+           "launcher_for_triton"]
 
-# ======================================================================================
-# Modules and launch
-# ======================================================================================
+# ---- §9.7 Modules and launch (Listing 9.6's `.run`) ----
 
 # Triton signature spelling -> (struct code for one 8-byte slot, is pointer)
 _ARG_CODES = {
@@ -215,7 +210,7 @@ class Launcher:
     __call__ = launch
 
     def launch_ints(self, grid: tuple, args: list) -> None:
-        """The hot path (`TritonKernel.run`): `grid` three positive ints, `args` plain ints that
+        """The hot path (`triton_heuristics.CachingAutotuner.run`): `grid` three positive ints, `args` plain ints that
         already matched the signature in an earlier `launch`."""
         self._pack_into(self._mem, 0, *args)
         if self._scratch:
@@ -226,9 +221,7 @@ class Launcher:
             cuda._check(rc, "cuLaunchKernel", f"{self.kernel.name}, grid={grid}")
 
 
-# ======================================================================================
-# Triton compile helper (no GPU needed)
-# ======================================================================================
+# ---- §9.7 Triton compile helper (no GPU needed) ----
 
 @dataclasses.dataclass(frozen=True)
 class TritonKernelInfo:
@@ -313,90 +306,3 @@ def launcher_for_triton(cubin: bytes, info: TritonKernelInfo, signature,
                     profile_scratch_size=info.profile_scratch_size,
                     profile_scratch_align=info.profile_scratch_align,
                     num_ctas=info.num_ctas, stream=stream)
-
-
-# ======================================================================================
-# Tensor storage on the device (what stax.tensor keeps for device="cuda")
-# ======================================================================================
-
-def interpreting() -> bool:
-    """TRITON_INTERPRET=1: "cuda" tensors live in host memory and kernels run in Triton's interpreter.
-
-    This is how CI, which has no GPU, runs every generated Triton kernel against numpy.
-    """
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def check_device(device: str) -> str:
-    """Normalize 'cuda' / 'cuda:0'; raise the clear no-GPU error when it cannot be used."""
-    dev = str(device)
-    if dev not in ("cuda", "cuda:0"):
-        raise RuntimeError(f"unknown device '{dev}': Stax knows 'cpu' and 'cuda' (device 0)")
-    if not interpreting():
-        cuda.init()       # raises CudaUnavailableError with the reason when there is no GPU
-    return "cuda"
-
-
-class DeviceArray:
-    """A flat array of `count` elements of numpy dtype `dtype` on the device.
-
-    On a GPU it owns a DeviceBuffer from the caching allocator; under the Triton interpreter it
-    owns host memory (a numpy array), which the interpreter reads and writes directly.
-    """
-
-    GUARD = 256      # elements of guard zone on each side of an interpreted array
-
-    def __init__(self, count: int, dtype):
-        import numpy as np
-        self.count, self.dtype = count, dtype          # a numpy dtype
-        if interpreting():
-            # guard zones around the array: a kernel that writes outside it is caught after launch
-            g = self.GUARD
-            self._guarded = np.empty(count + 2 * g, dtype)
-            self._guarded.view(np.uint8)[:] = 0xA5
-            self.host_array, self.buffer = self._guarded[g:g + count], None
-            self.ptr = self.host_array.ctypes.data
-        else:
-            self.host_array, self.buffer = None, cuda.allocate(max(1, count * dtype.itemsize))
-            self.ptr = self.buffer.ptr      # a plain attribute: read on every launch (host time)
-
-    def guards_intact(self) -> bool:
-        """Under the interpreter: whether both guard zones still hold their fill pattern."""
-        import numpy as np
-        g = self.GUARD
-        raw = self._guarded.view(np.uint8)
-        n = g * self.dtype.itemsize
-        return bool((raw[:n] == 0xA5).all() and (raw[len(raw) - n:] == 0xA5).all())
-
-    def upload(self, array) -> "DeviceArray":
-        import numpy as np
-        array = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
-        if self.buffer is None:
-            self.host_array[...] = array
-        elif array.size:
-            cuda.copy_host_to_device(self.buffer, array)
-        return self
-
-    def host(self):
-        """A host copy of the whole array (waits for queued kernels first)."""
-        import numpy as np
-        if self.buffer is None:
-            return self.host_array.copy()
-        out = np.empty(self.count, self.dtype)
-        if self.count:
-            cuda.copy_device_to_host(out, self.buffer)
-        return out
-
-
-class device:
-    """`with stax.cuda.device(0):` in a wrapper (Listing 9.6): Stax drives device 0 only."""
-
-    def __init__(self, index: int = 0):
-        if index != 0:
-            raise RuntimeError("Stax drives one GPU (device 0)")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -1,30 +1,38 @@
 """Runtime: loading generated modules, and the names a generated wrapper calls (DESIGN.md "Runtime").
 
-Consumes what a code generator produced (the C++ source with its cffi declarations, or the Triton
-module text, plus the wrapper's Python source); produces the wrapper's `call(args)`, ready to run.
-It also keeps §11.1's artifact cache: the generated module of a captured graph, stored on disk, so a
+Layer: back end, the top (above both code generators; only `stax/__init__.py` and `__main__` sit
+higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`) and,
+lazily for GPU modules, `triton_heuristics`. It never imports a code generator: a warm start
+loads a module from the artifact cache without them.
+
+Consumes what a code generator produced (a `codegen_cpp.CppModule`: the C++ source with its cffi
+declarations and the wrapper's Python source; a `codegen_triton.TritonModule`: the module text; or
+either read back from the artifact cache); produces the wrapper's `call(args)`, ready to run. It
+also keeps §11.1's artifact cache: the generated module of a captured graph, stored on disk, so a
 new process that captures the same graph loads it without lowering again. Nothing here imports
 sympy or triton: a warm start pays only for capture, a hash and a dlopen.
 
 Where to look:
+  - `load_module` ............................... the entry: a generated module → `call`
   - `load_cpu_module`, `load_gpu_module` ........ compile/dlopen, write the wrapper to a file, import it
   - `cpu_wrapper_globals`, `gpu_wrapper_globals`  ptr(), empty(), assert_size_stride(), extern_kernel(),
     reinterpret_tensor()
-  - `async_compile` ............................. Listing 9.6's kernel handles (compiled at first launch)
+  - `AsyncCompile` .............................. Listing 9.6's `async_compile`: kernel handles
+    (compiled at first launch), carrying `stax.compile`'s mode and options to each kernel
   - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
 
-from . import cache
+from . import cache, cuda
+from .cache import storage_ctype
+from .dtypes import DTYPES
+from .tensor import Meta, Storage, Tensor, _run_eager, empty as _empty_tensor, get_num_threads
 
-T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
-
-# ---- The helpers every wrapper calls ----
+# ---- §9.7 The helpers every wrapper calls ----
 
 
 def assert_size_stride(t, shape, stride, what="input"):
@@ -36,13 +44,13 @@ def assert_size_stride(t, shape, stride, what="input"):
 
 def reinterpret_tensor(t, shape, stride, offset):
     """A view of `t`'s storage with the given layout (an extern kernel's input, no copy)."""
-    return T.Tensor._make(t._storage, T.Meta(tuple(shape), tuple(stride), t.dtype, t.device,
+    return Tensor._make(t._storage, Meta(tuple(shape), tuple(stride), t.dtype, t.device,
                                              t._meta.offset + offset), base=t)
 
 
 def extern_kernel(op, inputs, params, dtype, device="cpu"):
     """§6.1 fallback: the eager implementation of `op` (on the host); the result is contiguous."""
-    return T._run_eager(op, inputs, params, [T.Meta((), (), dtype, device)])[0]
+    return _run_eager(op, inputs, params, [Meta((), (), dtype, device)])[0]
 
 
 def _exec_wrapper(source: str, stem: str, names: dict):
@@ -57,38 +65,29 @@ def _exec_wrapper(source: str, stem: str, names: dict):
     return mod.call
 
 
-# ---- CPU: C++ kernels through cffi ----
-
-_CTYPE = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t",
-          "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-
-
-def storage_ctype(dtype) -> str:
-    """The C++ element type of a buffer (half types are stored as 16-bit words)."""
-    return _CTYPE[dtype.name]
-
+# ---- §8 CPU: C++ kernels through cffi ----
 
 
 def cpu_wrapper_globals(ffi, lib) -> dict:
     """kernels (the dlopen'ed library), ptr(), empty(), the dtypes, and a thread-count prologue."""
-    casts = {d: f"{storage_ctype(d)}[]" for d in T.DTYPES.values()}
+    casts = {d: f"{storage_ctype(d)}[]" for d in DTYPES.values()}
     threads = [None]
 
     def ptr(t):
         return ffi.from_buffer(casts[t.dtype], t._storage.data) + t._meta.offset
 
     def launch_prologue():
-        if threads[0] != T.get_num_threads():
-            lib.stax_set_num_threads(T.get_num_threads())
-            threads[0] = T.get_num_threads()
+        if threads[0] != get_num_threads():
+            lib.stax_set_num_threads(get_num_threads())
+            threads[0] = get_num_threads()
 
     def empty(shape, dtype):
-        return T.empty(*shape, dtype=dtype)
+        return _empty_tensor(*shape, dtype=dtype)
 
     names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
              "extern_kernel": extern_kernel, "launch_prologue": launch_prologue,
              "reinterpret_tensor": reinterpret_tensor}
-    names.update({d.name: d for d in T.DTYPES.values()})
+    names.update({d.name: d for d in DTYPES.values()})
     return names
 
 
@@ -101,34 +100,38 @@ def load_cpu_module(source: str, cdefs: list, wrapper: str):
     return _exec_wrapper(wrapper, "wrapper", cpu_wrapper_globals(ffi, lib))
 
 
-# ---- GPU: Triton kernels through the CUDA driver ----
+# ---- §9.7 GPU: Triton kernels through the CUDA driver ----
 
 
-class async_compile:  # noqa: N801  (Listing 9.6's name)
-    """`async_compile.triton(name, source)`: a kernel handle whose code is compiled at first launch."""
+class AsyncCompile:
+    """Listing 9.6's `async_compile`: `async_compile.triton(name, source)` is a kernel handle whose
+    code is compiled at first launch. Each handle gets the `mode` and `options` of `stax.compile`
+    (mode="max-autotune" searches past the candidates, options={"autotune": False} measures nothing)."""
 
-    @staticmethod
-    def triton(name, source, device_str="cuda"):
-        from .autotune import kernel_from_source
-        return kernel_from_source(name, source)
+    def __init__(self, mode=None, options=None):
+        self.mode, self.options = mode, dict(options or {})
 
-    @staticmethod
-    def multi_kernel(name, kernels):
+    def triton(self, name, source, device_str="cuda"):
+        from .triton_heuristics import kernel_from_source
+        kernel = kernel_from_source(name, source)
+        kernel.mode, kernel.options = self.mode, self.options
+        return kernel
+
+    def multi_kernel(self, name, kernels):
         """Alternative kernels for one group; the first launch measures and keeps the faster."""
-        from .autotune import MultiKernel
+        from .triton_heuristics import MultiKernel
         return MultiKernel(name, kernels)
 
 
-def gpu_wrapper_globals() -> dict:
+def gpu_wrapper_globals(mode=None, options=None) -> dict:
     import stax
-    from . import cuda
 
     def empty_strided_cuda(shape, stride, dtype):
         numel = 1
         for s in shape:
             numel *= s
-        storage = T.Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
-        return T.Tensor._make(storage, T.Meta(shape, stride, dtype, "cuda", 0))
+        storage = Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
+        return Tensor._make(storage, Meta(shape, stride, dtype, "cuda", 0))
 
     def get_raw_stream(index):
         return None            # one stream per process (stax.cuda's default stream)
@@ -136,14 +139,23 @@ def gpu_wrapper_globals() -> dict:
     def gpu_extern_kernel(op, inputs, params, dtype):
         return extern_kernel(op, inputs, params, dtype, "cuda")     # through the host, back on the GPU
 
-    return {"stax": stax, "assert_size_stride": assert_size_stride, "async_compile": async_compile,
+    return {"stax": stax, "assert_size_stride": assert_size_stride,
+            "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
             "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor}
 
 
-def load_gpu_module(source: str):
+def load_gpu_module(source: str, mode=None, options=None):
     """Import the generated module; its kernels compile (or load cached cubins) at first launch."""
-    return _exec_wrapper(source, "triton", gpu_wrapper_globals())
+    return _exec_wrapper(source, "triton", gpu_wrapper_globals(mode, options))
+
+
+def load_module(module, mode=None, options=None):
+    """`call(args)` of a generated module (`codegen_cpp.CppModule`, `codegen_triton.TritonModule` or
+    a `LoadedModule` from the artifact cache). `mode` and `options` reach each GPU kernel."""
+    if module.kind == "triton":
+        return load_gpu_module(module.source, mode, options)
+    return load_cpu_module(module.source, module.cdefs, module.wrapper)
 
 
 # ---- §11.1 The artifact cache: a captured graph's generated module, across processes ----
@@ -171,8 +183,8 @@ def artifact_path(graph, device: str, target: str):
     return cache.cache_dir() / "artifacts" / f"{key}.json"
 
 
-def save_artifact(path, kind: str, module) -> None:
-    record = {"kind": kind, "kernels": module.kernels, "wrapper": module.wrapper, "source": module.source,
+def save_artifact(path, module) -> None:
+    record = {"kind": module.kind, "kernels": module.kernels, "wrapper": module.wrapper, "source": module.source,
               "cdefs": getattr(module, "cdefs", [])}
     cache.atomic_write(path, json.dumps(record))
 
@@ -187,11 +199,6 @@ class LoadedModule:
     def __str__(self):
         return self.source if self.kind == "triton" else \
             "\n".join(self.kernels.values()) + "\n\n# ---- wrapper ----\n" + self.wrapper
-
-    def load(self):
-        if self.kind == "triton":
-            return load_gpu_module(self.source)
-        return load_cpu_module(self.source, self.cdefs, self.wrapper)
 
 
 def load_artifact(path) -> LoadedModule | None:

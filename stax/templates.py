@@ -1,5 +1,9 @@
 """§9.8 Matmul templates: the plain `tl.dot` kernel, with grouped numbering (Prop. 9.4).
 
+Layer: back end (GPU), beside the kernel writers: imports only `autotune` (next_pow2). The
+generator (codegen_triton.py) prints its text; the launcher (triton_heuristics.py) takes its
+candidate configurations, grid and max-autotune space from here.
+
 A matmul does not go through the loop IR: lowering leaves it as an `ExternKernel` (§6.1). On the
 GPU, `codegen_triton.generate` asks this module whether the matmul can run as a Triton template
 instead of the host fallback; if so, it prints the template as one more kernel of the module.

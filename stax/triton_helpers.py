@@ -1,5 +1,8 @@
 """Device functions that generated Triton kernels call (the GPU counterpart of cpp_prelude.h).
 
+Layer: leaf, imported only by kernel files (triton_heuristics.HEADER), never by Stax's own modules;
+it imports triton at import time. Chapter: §9.1–9.5 (the functions the listings call).
+
 Kernels print `triton_helpers.max2(tmp4, 1)`, `triton_helpers.maximum(a, b)`, `libdevice.exp(x)`:
 this module defines them. Max and min propagate NaN as eager does (Triton's `tl.max` does not).
 `libdevice` is Triton's CUDA libdevice, except under `TRITON_INTERPRET=1`, where libdevice calls

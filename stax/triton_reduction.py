@@ -1,10 +1,14 @@
 """§9.4–9.5 Reduction kernels for the GPU: the three forms, and several reductions in one kernel.
 
-Consumes a reduction fusion group, through `codegen_triton`'s kernel state (`TritonKernel`, its
-axes and its printer); produces the kernel body's lines, the form ('per' persistent: the row in
-registers; 'red' looped: R0_BLOCK at a time) and the ReductionHint. The third form, the split
-reduction, is decided before this: lowering splits the group in two (Alg. 6.1, `split_policy`).
-`codegen_triton.generate` calls `reduction_kernel` and prints the result as a whole kernel.
+Layer: back end (GPU), above the kernel writer: builds on `triton_kernel`'s printing state
+(`TritonKernel`, its axes, `TritonPrinter`, `setup_axes` / `axis_lines` / `var_lines`);
+codegen_triton.py calls it.
+
+Consumes a reduction fusion group; produces the kernel body's lines, the form ('per' persistent:
+the row in registers; 'red' looped: R0_BLOCK at a time) and the ReductionHint. The third form, the
+split reduction, is decided before this: lowering splits the group in two (Alg. 6.1,
+`codegen_triton.split_policy`). `codegen_triton.generate` calls `reduction_kernel` and
+`triton_kernel.finish` prints the result as a whole kernel.
 
 Where to look:
   - `_reduction_form` ........ §9.4's rule (persistent up to 1024 INNER, 64 OUTER), and both forms
@@ -16,17 +20,14 @@ Where to look:
 """
 from __future__ import annotations
 
-import importlib
-
 import sympy
 
 from .autotune import next_pow2
-from .codegen_triton import (TritonKernel, TritonPrinter, TVar, _axis_lines, _setup_axes, _var_lines,
-                             literal, texpr, tl_dtype)
+from .dtypes import bool_, int64
 from .lower import Reduction, reduction_identity, set_handler
 from .schedule import node_index, phases
-
-T = importlib.import_module(".tensor", __package__)   # the module: `stax.tensor` is the function
+from .triton_kernel import (TritonKernel, TritonPrinter, TVar, axis_lines, literal, setup_axes, texpr,
+                            tl_dtype, var_lines)
 
 # ---- §9.4 The three forms of reduction kernels ----
 
@@ -84,20 +85,20 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
         value = k.body(n, xvars, rvars, p)
         if isinstance(n, Reduction):
             mask = _reduce_mask(k)
-            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            b = p.emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
             acc = tl_dtype(n.src_dtype)
             if n.reduction_type in ("argmax", "argmin"):
                 ident = _identity(n)
-                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
-                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                m = p.emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", int64)
                 fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
                 pair = k.new_tmp()
                 p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 1)")
-                result = p._emit(f"{pair}[:, None]", T.int64)
+                result = p.emit(f"{pair}[:, None]", int64)
             else:
                 ident = _identity(n)
-                m = p._emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
-                result = p._emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
+                m = p.emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+                result = p.emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
             k.locals[n.name] = result
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, result, xvars, rvars))
@@ -124,9 +125,9 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
         value = k.body(n, xvars, rvars, p)
         if isinstance(n, Reduction):
             num, mask = accs[n.name], _reduce_mask(k)
-            b = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+            b = p.emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
             if n.reduction_type in ("argmax", "argmin"):
-                idx = p._emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", T.int64)
+                idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", int64)
                 fn = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
                 nv, ni = k.new_tmp(), k.new_tmp()
                 p.lines.append(f"{nv}, {ni} = triton_helpers.{fn}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
@@ -135,9 +136,9 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
                 fn2 = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
                 post.append(f"_, tmp{num}_idx = triton_helpers.{fn2}(_tmp{num}, _tmp{num}_index, 1)")
                 post.append(f"tmp{num} = tmp{num}_idx[:, None]")
-                k.locals[n.name] = TVar(f"tmp{num}", T.int64)
+                k.locals[n.name] = TVar(f"tmp{num}", int64)
             else:
-                comb = p._emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
+                comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
                 p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
                 post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[:, None]")
                 k.locals[n.name] = TVar(f"tmp{num}", n.src_dtype)
@@ -151,7 +152,7 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
         if not isinstance(n, Reduction):
             k.locals.pop(n.name, None)
     loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
-    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
     loop += ["    " + line for line in p.lines]
     return pre + loop + post
 
@@ -207,15 +208,15 @@ def _online_phase(k, m, d, xvars, rvars) -> list:
            f"_tmp{nd} = tl.full([XBLOCK, R0_BLOCK], 0, {ty})"]
     p = TritonPrinter(k)
     value = k.body(m, xvars, rvars, p)
-    v = p._emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
-    m_new = p._emit(f"triton_helpers.maximum(_tmp{nm}, {v})", m.src_dtype)
-    empty = p._emit(f'{m_new} == float("-inf")', T.bool_)      # nothing but -inf yet: e^(nan) would poison d
-    scale = p._emit(f"tl.where({empty}, 0.0, libdevice.exp(_tmp{nm} - {m_new}))", m.src_dtype)
-    term = p._emit(f"tl.where({empty}, 0.0, libdevice.exp({v} - {m_new}))", m.src_dtype)
+    v = p.emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
+    m_new = p.emit(f"triton_helpers.maximum(_tmp{nm}, {v})", m.src_dtype)
+    empty = p.emit(f'{m_new} == float("-inf")', bool_)      # nothing but -inf yet: e^(nan) would poison d
+    scale = p.emit(f"tl.where({empty}, 0.0, libdevice.exp(_tmp{nm} - {m_new}))", m.src_dtype)
+    term = p.emit(f"tl.where({empty}, 0.0, libdevice.exp({v} - {m_new}))", m.src_dtype)
     p.lines.append(f"_tmp{nd} = tl.where({mask}, _tmp{nd} * {scale} + {term}, _tmp{nd})")
     p.lines.append(f"_tmp{nm} = tl.where({mask}, {m_new}, _tmp{nm})")
     loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
-    loop += ["    " + line for line in _axis_lines(k, k.raxis, None, looped=True) + _var_lines(k.raxis)]
+    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
     loop += ["    " + line for line in p.lines]
     post = [f"tmp{nm} = triton_helpers.max2(_tmp{nm}, 1)[:, None]",
             f'tmp{nd} = tl.sum(tl.where(tmp{nm} == float("-inf"), 0.0, _tmp{nd} * libdevice.exp(_tmp{nm} - tmp{nm})), 1)[:, None]']
@@ -226,13 +227,13 @@ def _online_phase(k, m, d, xvars, rvars) -> list:
     return pre + loop + post
 
 
-# ---- The whole reduction kernel ----
+# ---- §9.4–9.5 The whole reduction kernel ----
 
 
 def reduction_kernel(k: TritonKernel) -> tuple:
     """A reduction group's kernel body: (form 'per' | 'red', lines, ReductionHint); Listings 9.1, 9.4, 9.5."""
     g = k.group
-    xvars, rvars = _setup_axes(k, g.ranges, g.reduction_ranges)
+    xvars, rvars = setup_axes(k, g.ranges, g.reduction_ranges)
     form, r0_block, hint = _reduction_form(k)
     rnumel = k.raxis.numel
     k.always_true = {"r0_mask"} if form == "per" and rnumel.is_Integer and int(rnumel) == r0_block else set()
@@ -241,13 +242,13 @@ def reduction_kernel(k: TritonKernel) -> tuple:
     if form == "per":
         head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
     head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
-    head += _axis_lines(k, xaxis, 0)
+    head += axis_lines(k, xaxis, 0)
     if form == "per":
-        head += _axis_lines(k, raxis, None, per_block=r0_block)
-        head += _var_lines(raxis) + _var_lines(xaxis)
+        head += axis_lines(k, raxis, None, per_block=r0_block)
+        head += var_lines(raxis) + var_lines(xaxis)
     else:
         base = "tl.arange(0, R0_BLOCK)[None, :]" + (".to(tl.int64)" if k.index64 else "")
-        head += [f"r0_base = {base}", "rbase = r0_base"] + _var_lines(xaxis)
+        head += [f"r0_base = {base}", "rbase = r0_base"] + var_lines(xaxis)
     # one printer for the kernel's top level: a persistent kernel holds the row in registers, so
     # every phase shares its loads (CSE); a looped kernel's loop bodies get printers of their own
     top = TritonPrinter(k)

@@ -395,20 +395,20 @@ def test_all_inf_is_an_error():
         coordinate_descent({"XBLOCK": 2, "num_warps": 1, "num_stages": 1}, inf, SMALL)
 
 
-# ---- Algorithm 9.1 in the kernel launcher (the GPU measurement is replaced by a fake) ----
+# ---- Algorithm 9.1 in the kernel launcher, triton_heuristics.py (the GPU measurement is replaced by a fake) ----
 
 
 def _fake_kernel(monkeypatch, tmp_path, times):
-    """A TritonKernel whose 'measurements' come from `times` (config -> ms), on a fake H200."""
+    """A CachingAutotuner whose 'measurements' come from `times` (config -> ms), on a fake H200."""
     from types import SimpleNamespace
-    from stax import autotune as at, cache, cuda
+    from stax import cuda, triton_heuristics as th
     monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cuda, "get_device_properties", lambda: SimpleNamespace(name="fake H200", cc=(9, 0)))
-    monkeypatch.setattr(at, "_triton_version", lambda: "3.6.0")
-    monkeypatch.setattr(at, "_RECORDS", {})
+    monkeypatch.setattr(th, "_triton_version", lambda: "3.6.0")
+    monkeypatch.setattr(th, "_RECORDS", {})
     src = "def triton_poi_fused_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n"
-    k = at.TritonKernel("triton_poi_fused_0", "pointwise", {"x": 1 << 24},
-                        {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32"}, source=src)
+    k = th.CachingAutotuner("triton_poi_fused_0", "pointwise", {"x": 1 << 24},
+                            {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32"}, source=src)
     measured = []
 
     def measure(cfg, numels, args):

@@ -1,4 +1,5 @@
-"""Tests of stax/cuda.py, the CUDA driver runtime (DESIGN.md "Runtime"; section 9.7 allocator).
+"""Tests of stax/cuda.py (the CUDA driver runtime: DESIGN.md "Runtime"; section 9.7 allocator) and
+stax/cuda_triton.py (Triton cubins compiled, loaded and launched).
 
 CPU tests (run everywhere): the cdef parses, import is lazy, no-GPU errors are clear, Triton
 compiles an add kernel to an sm_90 cubin without a GPU. Tests marked ``gpu`` need a device and skip
@@ -35,6 +36,7 @@ def _load_cuda():
 
 
 cuda = _load_cuda()
+from stax import cuda_triton  # noqa: E402  (Kernel, Launcher, compile_triton: the layer above cuda.py)
 HAVE_GPU = cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU: "
                                            f"{cuda.unavailable_reason()}")]
@@ -133,8 +135,8 @@ def test_h200_defaults():
 def test_ptx_param_count():
     ptx = (".visible .entry k(\n .param .u64 .ptr .global .align 1 k_param_0,\n"
            " .param .u32 k_param_1,\n .param .u64 .ptr .global .align 1 k_param_2\n)\n{\n")
-    assert cuda._ptx_entry_param_count(ptx, "k") == 3
-    assert cuda._ptx_entry_param_count(ptx, "other") is None
+    assert cuda_triton._ptx_entry_param_count(ptx, "k") == 3
+    assert cuda_triton._ptx_entry_param_count(ptx, "other") is None
 
 
 def _add_kernel():
@@ -158,7 +160,7 @@ ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "
 
 @needs_triton
 def test_compile_triton_sm90_without_gpu():
-    cubin, info, name = cuda.compile_triton(_add_kernel(), ADD_SIG, {"BLOCK": 1024}, num_warps=4,
+    cubin, info, name = cuda_triton.compile_triton(_add_kernel(), ADD_SIG, {"BLOCK": 1024}, num_warps=4,
                                             num_stages=3, cc=90)
     assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
     assert name == "stax_test_add" == info.name
@@ -191,9 +193,9 @@ def test_launcher_packs_slots_without_gpu(monkeypatch):
     st.ffi, st.lib = ffi, _FakeLib(ffi)
     st.stream = cuda.Stream._wrap(ffi.NULL, ffi)
     monkeypatch.setattr(cuda, "_state", st)
-    k = cuda.Kernel.__new__(cuda.Kernel)
+    k = cuda_triton.Kernel.__new__(cuda_triton.Kernel)
     k.function, k.name, k.num_warps, k.shared_mem = ffi.NULL, "k", 8, 1234
-    lz = cuda.Launcher(k, ["*fp32", "i32", "i64", "fp32", "constexpr"], num_scratch_params=2)
+    lz = cuda_triton.Launcher(k, ["*fp32", "i32", "i64", "fp32", "constexpr"], num_scratch_params=2)
     assert lz.nargs == 4
 
     class P:  # anything with .ptr passes as a pointer
@@ -318,7 +320,7 @@ def test_oom_error_name():
 @on_gpu
 def test_bad_cubin_error_name():
     with pytest.raises(cuda.CudaError) as ei:
-        cuda.load_kernel(b"\x7fELF this is not a cubin" + bytes(64), "nope")
+        cuda_triton.load_kernel(b"\x7fELF this is not a cubin" + bytes(64), "nope")
     assert ei.value.name.startswith("CUDA_ERROR_")
 
 
@@ -326,8 +328,8 @@ def test_bad_cubin_error_name():
 def add_launcher():
     if not HAVE_GPU or not _have_triton():
         pytest.skip("needs a GPU and triton")
-    cubin, info, name = cuda.compile_triton(_add_kernel(), ADD_SIG, {"BLOCK": 1024}, num_warps=4)
-    return cuda.launcher_for_triton(cubin, info, ADD_SIG), info
+    cubin, info, name = cuda_triton.compile_triton(_add_kernel(), ADD_SIG, {"BLOCK": 1024}, num_warps=4)
+    return cuda_triton.launcher_for_triton(cubin, info, ADD_SIG), info
 
 
 @on_gpu
@@ -357,7 +359,7 @@ def test_graph_capture_replay_100(add_launcher):
     xb, yb = cuda.to_device(x), cuda.to_device(y)
     acc = cuda.to_device(np.zeros(n, np.float32))
     grid = (n // 1024, 1, 1)
-    g = cuda.Graph()
+    g = cuda.CUDAGraph()
     with g:
         for i in range(100):              # acc = acc + y, 50 times; then x + acc ... alternating
             if i % 2 == 0:
@@ -398,7 +400,7 @@ TMA_SIG = {"x_ptr": "*fp32", "out_ptr": "*fp32", "M": "i32", "N": "i32", "BM": "
 
 @needs_triton
 def test_compile_reports_global_scratch():
-    cubin, info, name = cuda.compile_triton(_tma_scale_kernel(), TMA_SIG, {"BM": 64, "BN": 64})
+    cubin, info, name = cuda_triton.compile_triton(_tma_scale_kernel(), TMA_SIG, {"BM": 64, "BN": 64})
     assert info.global_scratch_size > 0
     assert info.num_scratch_params >= 1
 
@@ -406,9 +408,9 @@ def test_compile_reports_global_scratch():
 @on_gpu
 @needs_triton
 def test_launch_with_global_scratch():
-    cubin, info, name = cuda.compile_triton(_tma_scale_kernel(), TMA_SIG, {"BM": 64, "BN": 64})
+    cubin, info, name = cuda_triton.compile_triton(_tma_scale_kernel(), TMA_SIG, {"BM": 64, "BN": 64})
     assert info.global_scratch_size > 0
-    launch = cuda.launcher_for_triton(cubin, info, TMA_SIG)
+    launch = cuda_triton.launcher_for_triton(cubin, info, TMA_SIG)
     M, N = 256, 192
     x = np.random.default_rng(3).standard_normal((M, N)).astype(np.float32)
     xb = cuda.to_device(x)

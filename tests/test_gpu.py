@@ -172,7 +172,7 @@ MORE = {
 
 SM90_SCRIPT = """
 import importlib.util, json, sys
-from stax.autotune import candidates
+from stax.triton_heuristics import candidates
 from stax.runtime import gpu_wrapper_globals
 out = {}
 for path in sys.argv[1:]:
@@ -194,7 +194,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     """Triton builds each generated kernel, in every candidate launch configuration, for sm_90 on a
     machine without a GPU (a subprocess: kernels built by @triton.jit under TRITON_INTERPRET=1
     cannot be compiled)."""
-    from stax.autotune import candidates, kernel_from_source
+    from stax.triton_heuristics import candidates, kernel_from_source
     import json
     import os
     import subprocess
@@ -299,8 +299,8 @@ def test_64_bit_indices_when_a_buffer_passes_2_31(monkeypatch):
     small = stax.generate(lambda x: (x * 2).sum(), stax.randn(1000), device="cuda")
     assert all("int64" not in src for src in small.kernels.values())
     # the int64 form computes the same results (forced here on small inputs)
-    from stax import codegen_triton
-    monkeypatch.setattr(codegen_triton, "_needs_int64", lambda lowered: True)
+    from stax import triton_kernel
+    monkeypatch.setattr(triton_kernel, "_needs_int64", lambda lowered: True)
     check(lambda x: (stax.softmax(x, -1), (x * x).sum(0)), stax.randn(37, 300))
 
 
@@ -342,12 +342,12 @@ def test_3d_tiling_when_each_access_is_contiguous_along_another_dim():
 def test_tiling_respects_the_grid_limit_on_y_and_z(monkeypatch):
     """y and z may have at most 65535 programs: a transpose whose y axis would need more stays 1-D
     (with a higher limit the same transpose gets y × x tiles)."""
-    from stax import codegen_triton
-    n = codegen_triton.GRID_LIMIT_YZ * codegen_triton.MIN_OUTER_BLOCK + 1
+    from stax import triton_kernel
+    n = triton_kernel.GRID_LIMIT_YZ * triton_kernel.MIN_OUTER_BLOCK + 1
     x = stax.randn(2, n)
     (src,) = stax.generate(lambda x: x.t() + 1, x, device="cuda").kernels.values()
     assert "YBLOCK" not in src
-    monkeypatch.setattr(codegen_triton, "GRID_LIMIT_YZ", 2 ** 31 - 1)
+    monkeypatch.setattr(triton_kernel, "GRID_LIMIT_YZ", 2 ** 31 - 1)
     (src,) = stax.generate(lambda x: x.t() + 1, x, device="cuda").kernels.values()
     assert "YBLOCK" in src
 
@@ -442,7 +442,7 @@ def test_multi_pass_rows_get_both_forms_and_the_faster_runs(monkeypatch):
     """§9.4: a layer_norm or softmax row of 1024 < n ≤ MULTI_PASS_PERSISTENT_LIMIT gets a
     persistent and a looped kernel; multi_kernel_N measures both at the first launch and keeps
     the faster. Both forms compute the same results; without measurements the first runs."""
-    from stax.autotune import MultiKernel
+    from stax.triton_heuristics import MultiKernel
     fn = lambda x, w, b: stax.layer_norm(x, (3000,), w, b)           # noqa: E731
     args = stax.randn(37, 3000), stax.randn(3000), stax.randn(3000)
     gen = check(fn, *args)

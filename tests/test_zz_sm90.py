@@ -17,7 +17,7 @@ import conftest
 
 SCRIPT = """
 import json, sys, traceback
-from stax.autotune import kernel_from_source
+from stax.triton_heuristics import kernel_from_source
 failed = {}
 for path in sys.argv[1:]:
     name, source = json.loads(open(path).read())

@@ -1,0 +1,571 @@
+"""§9.1–9.3 The Triton kernel writer: the state, printer and index/axis lines every GPU kernel shares.
+
+Layer: back end (GPU), below the kernel forms. Imports the IR (`lower`), the schedule (`schedule`)
+and §9.6's limits on block sizes and grids (`autotune`); triton_reduction.py (§9.4–9.5) and
+codegen_triton.py (§9.7) build on it. Nothing here imports triton: it prints text.
+
+Consumes one fusion group of a `schedule.Schedule`; produces the lines of its kernel. Each kernel
+is printed by running the IR's `inner_fn`s with `TritonPrinter`, an `ops` handler whose values are
+block-level temporaries `tmpN` (with CSE): `ops.load` becomes a masked `tl.load`, the index
+expression becomes the address offset verbatim (Listing 9.1). `finish` turns the lines into a whole
+kernel: the `@triton_heuristics.<kind>(...)` decorator, the signature, renamed pointer parameters.
+
+Where to look:
+  - `Target`, `current_target` ........... §9.1 the device the code is generated for
+  - `texpr`, `literal`, `tl_dtype` ....... index expressions, constants and dtypes as Triton text
+  - `_choose_tiling`, `Axis` ............. §9.3 1-D, 2-D or 3-D tiles, scored by coalesced bytes
+  - `TritonPrinter` ...................... ops.* → tl.* (masks, `other=`, eviction policies, CSE)
+  - `TritonKernel` ....................... a kernel's printing state (buffers, axes, masks, stores)
+  - `setup_axes`, `axis_lines`, `var_lines`  program axes and their index/mask lines (Listing 9.1 (2))
+  - `pointwise_kernel` ................... Listings 9.2, 9.3
+  - `finish` ............................. the whole kernel's text, its parameters and numels
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+
+from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
+from .dtypes import bool_, int32
+from .lower import FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims, set_handler, simplify_index
+from .schedule import all_accesses, node_index, store_index
+
+# ---- §9.1 The device the code is generated for ----
+
+
+@dataclass(frozen=True)
+class Target:
+    sm_count: int = 132          # an H200 unless a GPU is present or a target is given
+    cc: int = 90
+
+
+def current_target() -> Target:
+    from . import cuda
+    if cuda.is_available():
+        p = cuda.get_device_properties()
+        return Target(p.sm_count, p.cc[0] * 10 + p.cc[1])
+    return Target()
+
+
+# ---- §9.1 Types, literals, index expressions ----
+
+_TL = {"float32": "tl.float32", "float64": "tl.float64", "float16": "tl.float16",
+       "bfloat16": "tl.bfloat16", "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1"}
+_SIG = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16",
+        "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+
+
+def tl_dtype(dtype) -> str:
+    return _TL[dtype.name]
+
+
+def literal(value, dtype) -> str:
+    if dtype == bool_:
+        return "True" if value else "False"
+    if not dtype.is_floating_point:
+        return str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return 'float("nan")'
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else 'float("-inf")'
+    return repr(v)
+
+
+def texpr(e) -> str:
+    """Print an index expression as Triton: terms ordered by variable name (`r0_1 + 128*x0`)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        def key(t):
+            syms = sorted(s.name for s in t.free_symbols)
+            return (0, syms[0]) if syms else (1, "")
+        terms = [texpr(t) for t in sorted(e.args, key=key)]
+        out = terms[0]
+        for t in terms[1:]:
+            out += f" + ({t})" if t.startswith("-") else f" + {t}"
+        return out
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        inner = "*".join(_tparen(a) for a in sympy.Mul.make_args(rest))
+        return inner if coeff == 1 else f"{int(coeff)}*{inner}"
+    if isinstance(e, FloorDiv):
+        return f"({texpr(e.args[0])}) // {_tparen(e.args[1])}"
+    if isinstance(e, ModularIndexing):
+        a, d, m = e.args
+        base = texpr(a) if d == 1 else f"(({texpr(a)}) // {_tparen(d)})"
+        return f"{_tparen_s(base)} % {_tparen(m)}"
+    raise NotImplementedError(f"cannot print index {e}")
+
+
+def _tparen(e) -> str:
+    s = texpr(e)
+    return s if sympy.sympify(e).is_Atom else f"({s})"
+
+
+def _tparen_s(s: str) -> str:
+    return s if s.replace("_", "").isalnum() else f"({s})"
+
+
+# ---- §9.3 Tiling ----
+
+
+@dataclass
+class Axis:
+    """One program axis: 'z', 'y', 'x' or 'r0_', covering loop dims (listed outer to inner)."""
+    prefix: str
+    dims: list                 # printed loop variables (sympy symbols), outer → inner
+    sizes: list
+
+    @property
+    def numel(self):
+        return sympy.sympify(sympy.prod(self.sizes)) if self.sizes else sympy.Integer(1)
+
+    @property
+    def block(self) -> str:
+        return "R0_BLOCK" if self.prefix == "r0_" else f"{self.prefix.upper()}BLOCK"
+
+
+MAX_TILING_AXES = 3          # the chapter's default limit on program axes (x, y, z)
+GRID_LIMIT_YZ = GRID_LIMIT[1]   # CUDA's limit on the grid's y and z extents
+MIN_OUTER_BLOCK = 16            # YBLOCK/ZBLOCK of the default configurations are ≥ this, so the
+                                # default always launches (candidates that would not are dropped)
+
+
+def _tiling_score(cuts, names, exprs, weights) -> int:
+    """Bytes coalesced when the loop dims split into axes at `cuts`: an access is coalesced when it
+    is contiguous along the innermost dim of some axis (Triton reorders a block's accesses along
+    it), or constant along x, the axis a warp's threads are laid out on."""
+    bounds = list(cuts) + [len(names)]
+    inners = [names[b - 1] for b in bounds]
+    score = 0
+    for e, w in zip(exprs, weights):
+        e = sympy.sympify(e)
+        if e.coeff(inners[-1]) in (0, 1) or any(e.coeff(v) == 1 for v in inners[:-1]):
+            score += w
+    return score
+
+
+def _choose_tiling(exprs, weights, names, sizes) -> tuple:
+    """§9.3: where the loop dims split into program axes: () is one flat x axis, (c,) is
+    y = dims[:c] × x = dims[c:], (c1, c2) is z × y × x. Every split of at most MAX_TILING_AXES
+    axes is scored by the bytes it coalesces; the best wins, fewer axes on a tie."""
+    n = len(names)
+    splits = [()] + [(c,) for c in range(1, n)]
+    if MAX_TILING_AXES >= 3:
+        splits += [(a, b) for a in range(1, n) for b in range(a + 1, n)]
+    best, best_score = (), _tiling_score((), names, exprs, weights)
+    for cuts in splits[1:]:
+        outer = [sympy.prod(sizes[lo:hi]) for lo, hi in zip((0,) + cuts, cuts)]
+        if any(not sympy.sympify(o).is_Integer or int(o) > GRID_LIMIT_YZ * MIN_OUTER_BLOCK for o in outer):
+            continue                   # the y/z grid extents could not be launched
+        score = _tiling_score(cuts, names, exprs, weights)
+        if score > best_score:
+            best, best_score = cuts, score
+    return best
+
+
+# ---- §9.1 The ops handler that prints Triton ----
+
+CACHE_LINE = 128                 # bytes of an L2 cache line (NVIDIA GPUs since Fermi)
+
+
+def _rows_start_on_lines(expr, dtype, rvars) -> bool:
+    """Whether every row of a load starts on a cache line: each per-row coefficient, in bytes, is a
+    multiple of CACHE_LINE (then no two rows, hence no two programs, share a line)."""
+    expr = sympy.sympify(expr)
+    for term in [expr.subs({s: 0 for s in expr.free_symbols})] + [
+            expr.coeff(s) for s in expr.free_symbols if s not in rvars]:
+        if not term.is_Integer or (int(term) * dtype.itemsize) % CACHE_LINE:
+            return False
+    return True
+
+
+@dataclass
+class TVar:
+    name: str
+    dtype: object
+
+    def __str__(self):
+        return self.name
+
+
+_LIBDEVICE = {"exp": "libdevice.exp", "exp2": "libdevice.exp2", "log": "libdevice.log",
+              "log2": "libdevice.log2", "sqrt": "libdevice.sqrt", "rsqrt": "libdevice.rsqrt",
+              "sin": "libdevice.sin", "cos": "libdevice.cos", "tanh": "libdevice.tanh",
+              "erf": "libdevice.erf", "floor": "libdevice.floor", "ceil": "libdevice.ceil",
+              "round": "libdevice.nearbyint", "trunc": "libdevice.trunc",
+              "sigmoid": "tl.sigmoid", "abs": "tl.abs", "sign": "triton_helpers.sign"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=", "lt": "<",
+          "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&", "logical_or": "|",
+          "logical_xor": "^", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
+_PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
+
+
+class TritonPrinter:
+    """ops handler: each call appends `tmpN = <expr>` (deduplicated) and returns a TVar."""
+
+    def __init__(self, kernel):
+        self.k = kernel
+        self.lines, self.cse, self.masks = [], {}, []
+
+    def emit(self, expr: str, dtype) -> TVar:
+        if expr in self.cse:
+            return self.cse[expr]
+        var = TVar(self.k.new_tmp(), dtype)
+        self.lines.append(f"{var.name} = {expr}")
+        self.cse[expr] = var
+        return var
+
+    def _shape1(self) -> str:
+        return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
+
+    def load(self, name, index):
+        local = self.k.locals.get(name)
+        if local is not None:
+            return local
+        dtype = self.k.dtype_of(name)
+        ptr = self.k.arg(name, read=True)
+        expr = self.k.final(index)
+        mask = self.k.mask_for(expr, extra=self.masks)
+        extras = ""
+        if self.k.reduction:
+            # data each row reads once streams through (evict_first); data every row reads again,
+            # a row value or a per-column weight such as layer_norm's w and b, stays in L2
+            # (a looped kernel reads the row again in a later pass: keep it in L2 until that last pass)
+            uses_r = any(s in self.k.rvars_printed for s in expr.free_symbols)
+            uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
+            if not (uses_r and uses_x) or self.k.row_read_again:
+                extras = ", eviction_policy='evict_last'"
+            elif _rows_start_on_lines(expr, dtype, self.k.rvars_printed):
+                extras = ", eviction_policy='evict_first'"
+            # else no hint: a row that starts inside a cache line shares that line with the row
+            # before it, which another program reads; evicted first, the line is read twice
+            # (softmax over rows of 1000 on the H200: 0.94 of the floor with evict_first, 0.96
+            # without; Inductor prints no hint there either)
+        offset = texpr(expr)
+        if not expr.free_symbols and mask:
+            # one element under a block mask (ops.masked): Triton wants a block of pointers for a
+            # block mask, so the offset is a block of equal offsets (as for a one-element store)
+            offset = f"tl.full({self.k.block_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
+        if mask:
+            extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
+            text = f"tl.load({ptr} + ({offset}), {mask}{extras})"
+        else:
+            text = f"tl.load({ptr} + ({offset}){extras})"
+        var = self.emit(text, dtype)
+        if not expr.free_symbols and not mask:        # one element, broadcast over the block
+            var = self.emit(f"tl.broadcast_to({var}, {self.k.block_shape()})", dtype)
+        return var
+
+    def constant(self, value, dtype):
+        var = self.emit(f"tl.full({self._shape1()}, {literal(value, dtype)}, {tl_dtype(dtype)})", dtype)
+        self.k.constants[var.name] = value
+        return var
+
+    def index_expr(self, expr, dtype):
+        expr = self.k.final(expr)
+        if not expr.free_symbols:
+            return self.constant(int(expr), dtype)
+        return self.emit(f"({texpr(expr)}).to({tl_dtype(dtype)})", dtype)
+
+    def to_dtype(self, x, dtype):
+        return self.emit(f"{x}.to({tl_dtype(dtype)})", dtype)
+
+    def where(self, c, a, b):
+        return self.emit(f"tl.where({c}, {a}, {b})", a.dtype)
+
+    def masked(self, mask, body, other):
+        """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
+        self.masks.append(str(mask))
+        saved, self.cse = self.cse, dict(self.cse)
+        try:
+            result = body()
+        finally:
+            self.masks.pop()
+            self.cse = saved
+        return self.emit(f"tl.where({mask}, {result}, {other})", result.dtype)
+
+    def neg(self, x):
+        return self.emit(f"-{x}", x.dtype)
+
+    def relu(self, x):
+        zero = self.emit(f"tl.full({self._shape1()}, 0, tl.int32)", int32)
+        return self.emit(f"tl.maximum({zero}, {x}, tl.PropagateNan.ALL)", x.dtype) if x.dtype.is_floating_point \
+            else self.emit(f"tl.maximum({zero}, {x})", x.dtype)
+
+    def reciprocal(self, x):
+        one = self.constant(1, x.dtype)
+        return self.emit(f"({one} / {x})", x.dtype)
+
+    def isnan(self, x):
+        return self.emit(f"({x} != {x})", bool_)
+
+    def isinf(self, x):
+        return self.emit(f"(tl.abs({x}) == float(\"inf\"))" if x.dtype.is_floating_point else f"({x} != {x})", bool_)
+
+    def logical_not(self, x):
+        return self.emit(f"({x} == 0)", bool_)
+
+    def bitwise_not(self, x):
+        return self.emit(f"({x} == 0)" if x.dtype == bool_ else f"~{x}", x.dtype)
+
+    def maximum(self, a, b):
+        return self.emit(f"triton_helpers.maximum({a}, {b})", a.dtype)
+
+    def minimum(self, a, b):
+        return self.emit(f"triton_helpers.minimum({a}, {b})", a.dtype)
+
+    def floordiv(self, a, b):
+        fn = "floordiv_float" if a.dtype.is_floating_point else "floordiv"
+        return self.emit(f"triton_helpers.{fn}({a}, {b})", a.dtype)
+
+    def remainder(self, a, b):
+        fn = "remainder_float" if a.dtype.is_floating_point else "remainder"
+        return self.emit(f"triton_helpers.{fn}({a}, {b})", a.dtype)
+
+    def pow(self, a, b):
+        if a.dtype.is_floating_point:
+            c = self.k.constants.get(b.name)
+            if c in (2, 3):         # x ** 2 and x ** 3 are products, as in the C++ back end
+                return self.emit(f"({a} * {a})" if c == 2 else f"({a} * {a} * {a})", a.dtype)
+            return self.emit(f"libdevice.pow({a}, {b})", a.dtype)
+        return self.emit(f"triton_helpers.ipow({a}, {b})", a.dtype)
+
+    def __getattr__(self, op):
+        if op in _LIBDEVICE:
+            fn = _LIBDEVICE[op]
+            return lambda x: self.emit(f"{fn}({x})", x.dtype)
+        if op in _INFIX:
+            sym = _INFIX[op]
+            return lambda a, b: self.emit(f"({a} {sym} {b})", bool_ if op in _PRED else a.dtype)
+        raise AttributeError(f"the Triton back end has no ops.{op}")
+
+
+# ---- §9.1–9.3 A kernel being printed: its state, program axes and index lines ----
+
+
+class TritonKernel:
+    """The printing state of one Triton kernel: buffers read and written (renamed to in_ptrN /
+    out_ptrN by `finish`), values computed earlier (`locals`), program axes and always-true masks.
+    (The launch-time object a kernel's text turns into is triton_heuristics.CachingAutotuner.)"""
+
+    def __init__(self, name_index, group, sched):
+        self.index_no, self.group, self.sched = name_index, group, sched
+        self.lowered = sched.lowered
+        self.reads, self.writes, self.locals, self.constants = {}, {}, {}, {}
+        self.ranges, self.steps, self.tmp = {}, [], 0
+        self.reduction = group.kind == "reduction"
+        self.target = {w: i for i, w in sched.lowered.mutations}
+        self.rvars_printed = set()
+        self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
+        self.row_read_again = False                   # a later looped pass reads the row again
+        self.force_form = None                        # 'red': print the looped form of a group
+        self.other_form = None                        # that has a persistent one too (§9.4)
+
+    # -- naming and buffers --
+    def new_tmp(self) -> str:
+        self.tmp += 1
+        return f"tmp{self.tmp - 1}"
+
+    def dtype_of(self, name):
+        return self.lowered.buffer(name).dtype
+
+    def arg(self, name, read=False):
+        (self.reads if read else self.writes)[name] = True
+        return f"@{name}@"                     # renamed to in_ptrN / out_ptrN at the end
+
+    def final(self, expr):
+        expr = simplify_index(expr, self.ranges)
+        for step in self.steps:
+            expr = sympy.expand(expr.subs(step, simultaneous=True))
+        return expr
+
+    # -- blocks and masks --
+    def block_shape(self) -> str:
+        return "[" + ", ".join(a.block for a in self.axes) + "]"
+
+    def mask_for(self, expr, extra=()) -> str:
+        used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
+        masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
+        return " & ".join(masks + list(extra))
+
+    def store(self, node, value, xvars, rvars) -> str:
+        expr = self.final(store_index(node, xvars, rvars))
+        ptr = self.arg(self.target.get(node.name, node.name))
+        mask = self.mask_for(expr)
+        offset = texpr(expr)
+        if not expr.free_symbols:
+            # one element (a full reduction, a 0-d output): a block of equal offsets, one lane writes
+            shape = "[XBLOCK, 1]" if self.reduction else self.block_shape()
+            offset, mask = f"tl.full({shape}, {offset}, tl.int32)", "xmask"
+        return f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})"
+
+    def body(self, node, xvars, rvars, printer):
+        idx, ridx = node_index(node, xvars, rvars)
+        with set_handler(printer):
+            return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+
+
+def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
+    """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes."""
+    xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
+    k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
+    accesses = all_accesses(k.group.nodes, xvars, rvars)
+    xs, xm, xsteps, exprs = merge_dims(xsizes, xvars, [e for e, _ in accesses], k.ranges)
+    rs, rm, rsteps, exprs = merge_dims(rsizes, rvars, exprs, {})
+    k.exprs = exprs
+    weights = [0 if name is None or name in k.sched.kernel_local else k.dtype_of(name).itemsize
+               for _, name in accesses]                     # bytes each access moves per element
+    cuts = _choose_tiling(exprs, weights, xm, xs) if (tiling_allowed and not rsizes) else ()
+    # name printed variables by position: z dims, y dims, x dims, then r dims (Listings 9.1, 9.2)
+    bounds = (0,) + cuts + (len(xm),)
+    prefixes = ["z", "y", "x"][3 - len(bounds) + 1:]
+    groups = [(p, xm[lo:hi], xs[lo:hi]) for p, lo, hi in zip(prefixes, bounds, bounds[1:])]
+    if rsizes is not None and k.reduction:
+        groups.append(("r0_", rm, rs))
+    rename, axes, pos = {}, [], 0
+    for prefix, olds, sizes in groups:
+        names = []
+        for old in olds:
+            sym = sympy.Symbol(f"{prefix if prefix != 'r0_' else 'r0_'}{pos}", integer=True, nonnegative=True)
+            rename[old] = sym
+            names.append(sym)
+            pos += 1
+        axes.append(Axis(prefix, names, list(sizes)))
+    k.steps = xsteps + rsteps + [rename]
+    k.axes = axes
+    k.raxis = axes[-1] if k.reduction else None
+    if k.raxis is not None:
+        k.rvars_printed = set(k.raxis.dims)
+    k.exprs = [sympy.expand(sympy.sympify(e).subs(rename, simultaneous=True)) for e in exprs]
+    return xvars, rvars
+
+
+def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
+    """The offset, index and mask lines of one axis (Listing 9.1's part (2)): a program axis reads
+    `tl.program_id(grid_dim)`; the r0_ axis is the whole row (`per_block`, a persistent kernel) or
+    one R0_BLOCK step of the loop (`looped`). `var_lines` defines the loop variables from them."""
+    p, n, i = axis.prefix, len(k.axes), k.axes.index(axis)
+    sl = "[" + ", ".join(":" if j == i else "None" for j in range(n)) + "]"    # [:, None] for y of y × x
+    lines = []
+    if p == "r0_":
+        if per_block is not None:
+            lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}" + (".to(tl.int64)" if k.index64 else ""))
+            lines.append("r0_offset = 0")
+            if "r0_mask" in k.always_true:
+                lines.append(f"r0_mask = tl.full([R0_BLOCK], True, tl.int1){sl}")
+            else:
+                lines.append("r0_mask = r0_index < r0_numel")
+            lines += ["roffset = r0_offset", "rindex = r0_index"]
+        elif looped:
+            lines += ["r0_index = r0_offset + r0_base", "r0_mask = r0_index < r0_numel",
+                      "roffset = r0_offset", "rindex = r0_index"]
+    else:
+        pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
+        lines.append(f"{p}offset = {pid} * {axis.block}")
+        lines.append(f"{p}index = {p}offset + tl.arange(0, {axis.block}){sl}")
+        if f"{p}mask" in k.always_true:
+            lines.append(f"{p}mask = tl.full([{axis.block}], True, tl.int1){sl}")
+        else:
+            lines.append(f"{p}mask = {p}index < {p}numel")
+    return lines
+
+
+def var_lines(axis) -> list:
+    """x0 = xindex, or for a flattened axis x0 = xindex % 512, x1 = xindex // 512 (inner first)."""
+    if not axis.dims:
+        return []
+    if len(axis.dims) == 1:
+        return [f"{axis.dims[0]} = {axis.prefix}index"]
+    lines, div = [], sympy.Integer(1)
+    for sym, size in zip(reversed(axis.dims), reversed(axis.sizes)):
+        base = f"{axis.prefix}index" if div == 1 else f"({axis.prefix}index // {texpr(div)})"
+        last = sym == axis.dims[0]
+        lines.append(f"{sym} = {base}" if last else f"{sym} = {base} % {_tparen(size)}")
+        div = div * size
+    return lines
+
+
+def _needs_int64(lowered) -> bool:
+    """True when some buffer of the graph spans 2^31 elements or more (int32 indices would wrap)."""
+    for b in lowered.inputs + lowered.buffers:
+        extent = sympy.sympify(b.layout.offset) + 1
+        for size, stride in zip(b.layout.shape, b.layout.stride):
+            extent += (sympy.sympify(size) - 1) * abs(sympy.sympify(stride))
+        numel = sympy.prod([sympy.sympify(s) for s in b.layout.shape]) if b.layout.shape else 1
+        for n in (extent, sympy.sympify(numel)):
+            if not n.is_Integer or int(n) >= 2**31:
+                return True
+    return False
+
+
+# ---- §9.2–9.3 Pointwise kernels ----
+
+
+def pointwise_kernel(k: TritonKernel) -> tuple:
+    """A pointwise group's kernel body (Listings 9.2, 9.3): ('poi', lines, no ReductionHint)."""
+    g = k.group
+    xvars, _ = setup_axes(k, g.ranges, [])
+    # a mask is always true when its numel is a multiple of every block size a configuration can
+    # take (the candidates and the max-autotune space: powers of two up to these)
+    k.always_true = {f"{a.prefix}mask" for a in k.axes
+                     if a.numel.is_Integer and int(a.numel) % (MAX_XBLOCK if a.prefix == "x" else MAX_OUTER_BLOCK) == 0}
+    p = TritonPrinter(k)
+    stores = []
+    for node in g.nodes:
+        value = k.body(node, xvars, [], p)
+        k.locals[node.name] = value
+        if node.name not in k.sched.kernel_local:
+            stores.append(k.store(node, value, xvars, []))
+    head = [f"{a.prefix}numel = {texpr(a.numel)}" for a in k.axes]
+    grid_dims = {a.prefix: i for i, a in enumerate(reversed(k.axes))}   # x is program_id(0)
+    for a in k.axes:
+        head += axis_lines(k, a, grid_dims[a.prefix])
+    for a in reversed(k.axes):
+        head += var_lines(a)
+    return "poi", head + p.lines + stores, None
+
+
+# ---- §9.1 Printing a whole kernel ----
+
+
+def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
+    """The kernel's text around its body `lines`: the comment naming its origins, the
+    `@triton_heuristics.<kind>(...)` decorator, the signature with pointer parameters renamed to
+    in_ptrN / out_ptrN / in_out_ptrN. Returns (name, source, the buffers passed, in the order of the
+    parameters, the numel of each axis as text)."""
+    name = f"triton_{form}_fused_{k.index_no}"
+    order = list(dict.fromkeys(list(k.reads) + list(k.writes)))
+    in_out = [n for n in order if n in k.reads and n in k.writes]
+    ins = [n for n in order if n in k.reads and n not in k.writes]
+    outs = [n for n in order if n in k.writes and n not in k.reads]
+    rename = {}
+    rename.update({n: f"in_out_ptr{i}" for i, n in enumerate(in_out)})
+    rename.update({n: f"in_ptr{i}" for i, n in enumerate(ins)})
+    rename.update({n: f"out_ptr{i}" for i, n in enumerate(outs)})
+    params = in_out + ins + outs
+    text = "\n".join(lines)
+    for n, pname in rename.items():
+        text = text.replace(f"@{n}@", pname)
+    numels = [f"{a.prefix}numel" for a in k.axes]
+    blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
+    sig = [rename[n] for n in params] + numels + [f"{b} : tl.constexpr" for b in blocks]
+    size_hints = ", ".join(f"'{a.prefix}': {next_pow2(int(a.numel)) if a.numel.is_Integer else 8192}" for a in k.axes)
+    signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
+    signature.update({nm: "i64" if k.index64 else "i32" for nm in numels})
+    kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
+    extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
+        ", tile_hint=TileHint.DEFAULT" if len(k.axes) >= 2 else "")
+    origins = ", ".join(dict.fromkeys(k.group.origins))
+    src = (f"# {name}: computes {origins}\n"
+           f"@triton_heuristics.{kind}(size_hints={{{size_hints}}}{extra}, signature={signature!r})\n"
+           f"@triton.jit\n"
+           f"def {name}({', '.join(sig)}):\n"
+           + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
+    return name, src, params, [texpr(a.numel) for a in k.axes]
