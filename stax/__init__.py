@@ -26,9 +26,8 @@ import warnings
 from dataclasses import dataclass
 
 from . import capture as _capture
-from . import tensor as _T
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .tensor import Tensor, _ALIASES
+from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
@@ -124,13 +123,13 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
             _log("wrapper", name, module.wrapper)
             note = "(from the artifact cache: lowering and scheduling were skipped)"
             return Generated(dict(module.kernels), module.wrapper, graph, note, note, module)
-    from . import lower, schedule
+    from . import ir, lower, schedule
     if cuda:
         from . import codegen_triton as backend
     else:
         from . import codegen_cpp as backend
     lowered = lower.lower(graph, split_policy=backend.split_policy)
-    ir_text = lower.format_ir(lowered)
+    ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
     sched = schedule.schedule(lowered)
     sched_text = schedule.format_schedule(sched)
@@ -151,7 +150,7 @@ def _target(device: str) -> str:
             p = cuda.get_device_properties()
             return f"sm={p.sm_count},cc={p.cc}"
         return "sm=132,cc=(9, 0)"
-    return f"threads={_T.get_num_threads()}"
+    return f"threads={get_num_threads()}"
 
 
 def _device_of(args) -> str:
@@ -182,7 +181,7 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
-        if _T.TRACER is not None:        # called from inside another compiled function: inline it
+        if current_tracer() is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)

@@ -17,7 +17,7 @@ Where to look:
   - `split_policy` ....................... Alg. 6.1 on the CPU: split a reduction to fill the threads
   - `ctype`, `storage_ctype`, `cliteral`, `cexpr`  C types, literals, index expressions
   - `CppPrinter` ......................... ops.* → C++ expressions (NaN-propagating max, half casts)
-  - `_loop_nest` ......................... Prop. 6.3's merged loops (`lower.merge_dims`), named for printing
+  - `_loop_nest` ......................... Prop. 6.3's merged loops (`ir.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
   - `_reduction_kernel`, `_reduction_loop`  one pass over each row per phase; 16-lane accumulators
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
@@ -34,7 +34,7 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .lower import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars, merge_dims,
+from .ir import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars, merge_dims,
                     reduction_identity, set_handler, simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads

@@ -28,14 +28,10 @@ import sympy
 from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
-                 contiguous_strides, index_vars, ops, reduction_identity, set_handler, simplify_index)
+                 LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
+                 simplify_index)
 from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
-
-# Compatibility: names other modules still import from `stax.lower` (they moved to ir.py).
-# TODO(issue 8): drop once codegen_cpp/codegen_triton/triton_reduction/schedule import from ir.
-from .ir import (Expr, IndexCollector, IRPrinter, LoadCollector, format_buffer,  # noqa: E402,F401
-                 format_ir, index_bounds, merge_dims)
 
 # ---- §6 Which ops lower how (views of op_table.OPS) ----
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from types import SimpleNamespace
 
 from . import cache, cuda
 from .cache import storage_ctype
@@ -124,7 +125,9 @@ class AsyncCompile:
 
 
 def gpu_wrapper_globals(mode=None, options=None) -> dict:
-    import stax
+    # the names the wrapper text spells `stax.cuda.device(0)` and `stax.float32` (Listing 9.6's
+    # `tp.`): a namespace of this layer's modules, not the package, whose __init__ sits above us
+    stax = SimpleNamespace(cuda=cuda, **DTYPES)
 
     def empty_strided_cuda(shape, stride, dtype):
         numel = 1

@@ -24,7 +24,7 @@ import sympy
 
 from .autotune import next_pow2
 from .dtypes import bool_, int64
-from .lower import Reduction, reduction_identity, set_handler
+from .ir import Reduction, reduction_identity, set_handler
 from .schedule import node_index, phases
 from .triton_kernel import (TritonKernel, TritonPrinter, TVar, axis_lines, literal, setup_axes, texpr,
                             tl_dtype, var_lines)

@@ -19,7 +19,7 @@ Where to look:
 from __future__ import annotations
 
 from .dtypes import DType
-from .lower import ReinterpretView
+from .ir import ReinterpretView
 from .schedule import dead_after
 
 # ---- Python literals ----

@@ -1,0 +1,186 @@
+"""The shape of the code itself (docs/DESIGN.md, "Layers"): checks that keep Stax readable.
+
+- every import among `stax/` modules, lazy ones inside functions included, points down: the
+  import graph has no cycle;
+- no module passes 800 lines of code (blank lines, comments and docstrings not counted);
+- no class name is defined twice (one name, one meaning);
+- no function passes 60 lines of code unless it is listed in LONG_FUNCTIONS with the reason it
+  still reads top to bottom.
+
+These read the source with `ast`; nothing is imported or run.
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "stax"
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 60
+
+# function (module:qualname) -> why it may be longer than MAX_FUNCTION_LINES
+LONG_FUNCTIONS: dict[str, str] = {}
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {p.stem: ast.parse(p.read_text(), filename=str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def _imported(node, here: str, names: set) -> set:
+    """The stax modules one import statement (or importlib.import_module call) reaches."""
+    found = set()
+    if isinstance(node, ast.ImportFrom):
+        if node.level == 0 and node.module and (node.module == "stax" or node.module.startswith("stax.")):
+            parts = node.module.split(".")[1:]
+        elif node.level == 1:
+            parts = node.module.split(".") if node.module else []
+        else:
+            return found
+        if parts:
+            found.add(parts[0])
+        else:                                  # `from . import a, b` / `from stax import a`
+            for alias in node.names:
+                found.add(alias.name if alias.name in names else "__init__")
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            parts = alias.name.split(".")
+            if parts[0] == "stax":
+                found.add(parts[1] if len(parts) > 1 else "__init__")
+    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+          and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        name = node.args[0].value
+        found.add(name.lstrip(".").split(".")[0] if name.startswith(".") else
+                  (name.split(".")[1] if name.startswith("stax.") else "__init__" if name == "stax" else ""))
+    return {m for m in found if m in names and m != here}
+
+
+def import_graph() -> dict[str, set]:
+    mods = _modules()
+    names = set(mods)
+    graph = {}
+    for name, tree in mods.items():
+        edges = set()
+        for node in ast.walk(tree):
+            edges |= _imported(node, name, names)
+        # every submodule implicitly imports the package (__init__) first; that edge is Python's,
+        # not the author's, so only explicit imports of `stax` count
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v), on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _docstring_lines(tree) -> set:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return lines
+
+
+def code_lines(source: str, tree, first: int = 1, last: int | None = None) -> int:
+    """Lines of code in [first, last]: not blank, not a comment, not part of a docstring."""
+    skip = _docstring_lines(tree)
+    text = source.splitlines()
+    last = len(text) if last is None else last
+    return sum(1 for i in range(first, last + 1)
+               if i not in skip and text[i - 1].strip() and not text[i - 1].strip().startswith("#"))
+
+
+def test_imports_point_down():
+    found = cycles(import_graph())
+    assert not found, ("import cycles among stax/ modules (every import, lazy ones too, must point to a "
+                       f"lower layer; docs/DESIGN.md lists the layers): {found}")
+
+
+def test_module_size():
+    over = {}
+    for p in sorted(PACKAGE.glob("*.py")):
+        source = p.read_text()
+        n = code_lines(source, ast.parse(source))
+        if n > MAX_MODULE_LINES:
+            over[p.name] = n
+    assert not over, f"modules over {MAX_MODULE_LINES} lines of code (split along the chapter's subsections): {over}"
+
+
+def test_class_names_are_unique():
+    where = defaultdict(list)
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(name)
+    twice = {c: mods for c, mods in where.items() if len(mods) > 1}
+    assert not twice, f"class names defined more than once (one name, one meaning): {twice}"
+
+
+def long_functions() -> dict[str, int]:
+    out = {}
+    for p in sorted(PACKAGE.glob("*.py")):
+        source = p.read_text()
+        tree = ast.parse(source)
+
+        def walk(node, prefix):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    qual = f"{prefix}{child.name}"
+                    n = code_lines(source, tree, child.lineno, child.end_lineno)
+                    if n > MAX_FUNCTION_LINES:
+                        out[f"{p.stem}:{qual}"] = n
+                    walk(child, qual + ".")
+                elif isinstance(child, ast.ClassDef):
+                    walk(child, f"{prefix}{child.name}.")
+        walk(tree, "")
+    return out
+
+
+def test_function_size():
+    over = {f: n for f, n in long_functions().items() if f not in LONG_FUNCTIONS}
+    assert not over, (f"functions over {MAX_FUNCTION_LINES} lines of code; split them into named steps, "
+                      f"or list them in LONG_FUNCTIONS with the reason they read top to bottom: {over}")
+
+
+def test_the_checks_see_a_cycle_and_a_long_module():
+    """The checks themselves can fail."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    source = '"""doc\nstring"""\n# comment\n\nx = 1\ndef f():\n    """d"""\n    return x\n'
+    assert code_lines(source, ast.parse(source)) == 3
+    tree = ast.parse("from . import lower\nfrom .cache import x\nimport stax.cuda\n"
+                     "def f():\n    importlib.import_module('.tensor', __package__)\n")
+    names = {"lower", "cache", "cuda", "tensor", "here"}
+    edges = set()
+    for node in ast.walk(tree):
+        edges |= _imported(node, "here", names)
+    assert edges == {"lower", "cache", "cuda", "tensor"}
