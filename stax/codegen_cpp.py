@@ -38,6 +38,7 @@ from .ir import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars
                     reduction_identity, set_handler, simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
+from .printer import Printer, Var
 from .wrapper import extern_call, pyshape, wrapper_launches, wrapper_prologue
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
@@ -129,50 +130,31 @@ def _paren(e) -> str:
 # ---- §8 The ops handler that prints C++ ----
 
 
-@dataclass
-class CVar:
-    name: str
-    dtype: object
-
-    def __str__(self):
-        return self.name
-
-
-_UNARY_FN = {"exp": "stax_exp", "exp2": "stax_exp2", "log": "stax_log", "log2": "stax_log2",
-             "erf": "stax_erf", "tanh": "stax_tanh", "sigmoid": "stax_sigmoid", "sin": "stax_sin",
-             "cos": "stax_cos", "rsqrt": "stax_rsqrt", "relu": "stax_relu",
-             "sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round": "rint", "trunc": "trunc"}
-_BINARY_OP = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=",
-              "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&&",
-              "logical_or": "||", "logical_xor": "!=", "bitwise_and": "&", "bitwise_or": "|",
-              "bitwise_xor": "^"}
-_PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
-
-
 def _template_arg(dtype) -> str:
     """Integer helpers are templates; naming the type keeps `x (int64) op 2 (int)` unambiguous."""
     return "" if dtype.is_floating_point else f"<{ctype(dtype)}>"
 
 
-class CppPrinter:
-    """ops handler: each call appends `auto tmpN = <expr>;` (deduplicated) and returns a CVar.
+class CppPrinter(Printer):
+    """ops handler: each call appends `auto tmpN = <expr>;` (deduplicated) and returns a Var.
 
     `kernel` resolves buffer names: a buffer computed earlier in the same loop body (or row)
-    is read from its C++ variable, any other through its pointer parameter.
+    is read from its C++ variable, any other through its pointer parameter. Generic ops are
+    spelled from the op table's `cpp` field (printer.Printer); the methods here are C++'s own forms.
     """
 
-    def __init__(self, kernel, counter):
-        self.kernel, self.counter = kernel, counter
-        self.lines, self.cse = [], {}
+    LANGUAGE = "cpp"
 
-    def _emit(self, expr: str, dtype) -> CVar:
-        if expr in self.cse:
-            return self.cse[expr]
-        var = CVar(f"tmp{self.counter[0]}", dtype)
+    def __init__(self, kernel, counter):
+        super().__init__()
+        self.kernel, self.counter = kernel, counter     # counter: one tmp numbering per kernel
+
+    def new_name(self) -> str:
         self.counter[0] += 1
-        self.lines.append(f"auto {var.name} = {expr};")
-        self.cse[expr] = var
-        return var
+        return f"tmp{self.counter[0] - 1}"
+
+    def assignment(self, name: str, expr: str) -> str:
+        return f"auto {name} = {expr};"
 
     def load(self, name, index):
         local = self.kernel.locals.get(name)
@@ -185,29 +167,29 @@ class CppPrinter:
             expr = f"stax_f16_to_f32({expr})"
         elif dtype == bfloat16:
             expr = f"stax_bf16_to_f32({expr})"
-        return self._emit(expr, dtype)
+        return self.emit(expr, dtype)
 
     def constant(self, value, dtype):
-        return CVar(cliteral(value, dtype), dtype)
+        return Var(cliteral(value, dtype), dtype)
 
     def index_expr(self, expr, dtype):
-        return self._emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
+        return self.emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
 
     def to_dtype(self, x, dtype):
         if x.dtype == dtype:
             return x
         if dtype == float16:
-            return self._emit(f"stax_f16_to_f32(stax_f32_to_f16({x}))", dtype)
+            return self.emit(f"stax_f16_to_f32(stax_f32_to_f16({x}))", dtype)
         if dtype == bfloat16:
-            return self._emit(f"stax_bf16_to_f32(stax_f32_to_bf16({x}))", dtype)
+            return self.emit(f"stax_bf16_to_f32(stax_f32_to_bf16({x}))", dtype)
         if dtype == bool_:
-            return self._emit(f"({x} != 0)", dtype)
+            return self.emit(f"({x} != 0)", dtype)
         if x.dtype in (float16, bfloat16) and dtype == float32:
-            return CVar(x.name, dtype)     # half values are already held as (rounded) floats
-        return self._emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
+            return Var(x.name, dtype)     # half values are already held as (rounded) floats
+        return self.emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
 
     def where(self, c, a, b):
-        return self._emit(f"{c} ? {a} : {b}", a.dtype)
+        return self.emit(f"{c} ? {a} : {b}", a.dtype)
 
     def masked(self, mask, body, other):
         """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere)."""
@@ -215,49 +197,41 @@ class CppPrinter:
         with set_handler(inner):
             result = body()
         lines = "\n".join(f"    {line}" for line in inner.lines)
-        return self._emit(f"[&]() -> {ctype(result.dtype)} {{\n    if (!({mask})) return {other};\n"
+        return self.emit(f"[&]() -> {ctype(result.dtype)} {{\n    if (!({mask})) return {other};\n"
                           f"{lines}\n    return {result};\n}}()", result.dtype)
 
     # unary math
-    def neg(self, x): return self._emit(f"-{x}", x.dtype)
-    def abs(self, x): return self._emit(f"stax_abs({x})", x.dtype)
-    def reciprocal(self, x): return self._emit(f"{cliteral(1, x.dtype)} / {x}", x.dtype)
-    def isnan(self, x): return self._emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", bool_)
+    def neg(self, x): return self.emit(f"-{x}", x.dtype)
+    def reciprocal(self, x): return self.emit(f"{cliteral(1, x.dtype)} / {x}", x.dtype)
+    def isnan(self, x): return self.emit(f"({x} != {x})" if x.dtype.is_floating_point else "false", bool_)
 
     def isinf(self, x):
         if not x.dtype.is_floating_point:
-            return CVar("false", bool_)
-        return self._emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", bool_)
+            return Var("false", bool_)
+        return self.emit(f"(({x}) == {cliteral(math.inf, x.dtype)} || ({x}) == {cliteral(-math.inf, x.dtype)})", bool_)
 
     def sign(self, x):
         """PyTorch's (and eager's) sign: (0 < x) - (x < 0), so sign(NaN) == 0 and sign(-0.0) == +0."""
         t = ctype(x.dtype)
-        return self._emit(f"static_cast<{t}>(static_cast<int>({cliteral(0, x.dtype)} < {x}) - "
+        return self.emit(f"static_cast<{t}>(static_cast<int>({cliteral(0, x.dtype)} < {x}) - "
                           f"static_cast<int>({x} < {cliteral(0, x.dtype)}))", x.dtype)
 
-    def logical_not(self, x): return self._emit(f"!{x}", bool_)
-    def bitwise_not(self, x): return self._emit(f"!{x}" if x.dtype == bool_ else f"~{x}", x.dtype)
+    def logical_not(self, x): return self.emit(f"!{x}", bool_)
+    def bitwise_not(self, x): return self.emit(f"!{x}" if x.dtype == bool_ else f"~{x}", x.dtype)
 
-    def _pow(self, a, b):
+    def _helper(self, fn, a, b):
+        return self.emit(f"{fn}{_template_arg(a.dtype)}({a}, {b})", a.dtype)
+
+    def pow(self, a, b):
         """x ** c for small constant c is multiplication (vectorizes, and exact as in eager)."""
         if a.dtype.is_floating_point and b.name in (cliteral(2, a.dtype), cliteral(3, a.dtype)):
-            return self._emit(f"({a} * {a})" if b.name == cliteral(2, a.dtype) else f"({a} * {a} * {a})", a.dtype)
-        return self._emit(f"stax_pow{_template_arg(a.dtype)}({a}, {b})", a.dtype)
+            return self.emit(f"({a} * {a})" if b.name == cliteral(2, a.dtype) else f"({a} * {a} * {a})", a.dtype)
+        return self._helper("stax_pow", a, b)
 
-    def __getattr__(self, op):
-        if op in _UNARY_FN:
-            fn = _UNARY_FN[op]
-            return lambda x: self._emit(f"{fn}({x})", x.dtype)
-        if op in _BINARY_OP:
-            sym = _BINARY_OP[op]
-            return lambda a, b: self._emit(f"({a} {sym} {b})", bool_ if op in _PRED else a.dtype)
-        if op == "pow":
-            return self._pow
-        if op in ("maximum", "minimum", "floordiv", "remainder"):
-            fn = {"maximum": "stax_max", "minimum": "stax_min", "floordiv": "stax_floordiv",
-                  "remainder": "stax_remainder"}[op]
-            return lambda a, b: self._emit(f"{fn}{_template_arg(a.dtype)}({a}, {b})", a.dtype)
-        raise AttributeError(f"the C++ back end has no ops.{op}")
+    def maximum(self, a, b): return self._helper("stax_max", a, b)
+    def minimum(self, a, b): return self._helper("stax_min", a, b)
+    def floordiv(self, a, b): return self._helper("stax_floordiv", a, b)
+    def remainder(self, a, b): return self._helper("stax_remainder", a, b)
 
 
 # ---- §8 A kernel being printed: its buffers, loops and indices ----
@@ -609,12 +583,12 @@ def _combine_lanes(k, reductions, xidx, ridx) -> list:
             lines.append(f"    bool take = (vnan && !bnan) || (vnan == bnan && (v {cmp} {var}_val || (v == {var}_val || vnan) && i < {var}));")
             lines.append(f"    if (take) {{ {var}_val = v; {var} = i; }}")
             lines.append("}")
-            value = CVar(var, int64)
+            value = Var(var, int64)
         else:
             lines.append(f"{t} {var} = {acc}[0];")
             comb = _COMBINE[n.reduction_type].format(a=var, v=f"{acc}[l]")
             lines.append(f"for (int l = 1; l < {LANES}; l++) {var} = {comb};")
-            value = CVar(var, n.src_dtype)
+            value = Var(var, n.src_dtype)
         k.locals[n.name] = value
         if n.name not in k.sched.kernel_local:
             lines.append(k.store(n, value, xidx, ridx))

@@ -30,6 +30,7 @@ import sympy
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
 from .ir import FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims, set_handler, simplify_index
+from .printer import Printer
 from .schedule import all_accesses, node_index, store_index
 
 # ---- §9.1 The device the code is generated for ----
@@ -186,41 +187,24 @@ def _rows_start_on_lines(expr, dtype, rvars) -> bool:
     return True
 
 
-@dataclass
-class TVar:
-    name: str
-    dtype: object
+class TritonPrinter(Printer):
+    """ops handler: each call appends `tmpN = <expr>` (deduplicated) and returns a Var.
 
-    def __str__(self):
-        return self.name
+    Generic ops are spelled from the op table's `triton` field (printer.Printer); the methods here
+    are Triton's own forms (masked loads, block-shaped constants, NaN-propagating maximum, ...)."""
 
-
-_LIBDEVICE = {"exp": "libdevice.exp", "exp2": "libdevice.exp2", "log": "libdevice.log",
-              "log2": "libdevice.log2", "sqrt": "libdevice.sqrt", "rsqrt": "libdevice.rsqrt",
-              "sin": "libdevice.sin", "cos": "libdevice.cos", "tanh": "libdevice.tanh",
-              "erf": "libdevice.erf", "floor": "libdevice.floor", "ceil": "libdevice.ceil",
-              "round": "libdevice.nearbyint", "trunc": "libdevice.trunc",
-              "sigmoid": "tl.sigmoid", "abs": "tl.abs", "sign": "triton_helpers.sign"}
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=", "lt": "<",
-          "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&", "logical_or": "|",
-          "logical_xor": "^", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
-_PRED = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"}
-
-
-class TritonPrinter:
-    """ops handler: each call appends `tmpN = <expr>` (deduplicated) and returns a TVar."""
+    LANGUAGE = "triton"
 
     def __init__(self, kernel):
+        super().__init__()
         self.k = kernel
-        self.lines, self.cse, self.masks = [], {}, []
+        self.masks = []             # extra masks of the ops.masked bodies being printed
 
-    def emit(self, expr: str, dtype) -> TVar:
-        if expr in self.cse:
-            return self.cse[expr]
-        var = TVar(self.k.new_tmp(), dtype)
-        self.lines.append(f"{var.name} = {expr}")
-        self.cse[expr] = var
-        return var
+    def new_name(self) -> str:
+        return self.k.new_tmp()
+
+    def assignment(self, name: str, expr: str) -> str:
+        return f"{name} = {expr}"
 
     def _shape1(self) -> str:
         return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
@@ -336,15 +320,6 @@ class TritonPrinter:
                 return self.emit(f"({a} * {a})" if c == 2 else f"({a} * {a} * {a})", a.dtype)
             return self.emit(f"libdevice.pow({a}, {b})", a.dtype)
         return self.emit(f"triton_helpers.ipow({a}, {b})", a.dtype)
-
-    def __getattr__(self, op):
-        if op in _LIBDEVICE:
-            fn = _LIBDEVICE[op]
-            return lambda x: self.emit(f"{fn}({x})", x.dtype)
-        if op in _INFIX:
-            sym = _INFIX[op]
-            return lambda a, b: self.emit(f"({a} {sym} {b})", bool_ if op in _PRED else a.dtype)
-        raise AttributeError(f"the Triton back end has no ops.{op}")
 
 
 # ---- §9.1–9.3 A kernel being printed: its state, program axes and index lines ----

@@ -25,8 +25,9 @@ import sympy
 from .autotune import next_pow2
 from .dtypes import bool_, int64
 from .ir import Reduction, reduction_identity, set_handler
+from .printer import Var
 from .schedule import node_index, phases
-from .triton_kernel import (TritonKernel, TritonPrinter, TVar, axis_lines, literal, setup_axes, texpr,
+from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, setup_axes, texpr,
                             tl_dtype, var_lines)
 
 # ---- §9.4 The three forms of reduction kernels ----
@@ -136,12 +137,12 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
                 fn2 = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
                 post.append(f"_, tmp{num}_idx = triton_helpers.{fn2}(_tmp{num}, _tmp{num}_index, 1)")
                 post.append(f"tmp{num} = tmp{num}_idx[:, None]")
-                k.locals[n.name] = TVar(f"tmp{num}", int64)
+                k.locals[n.name] = Var(f"tmp{num}", int64)
             else:
                 comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
                 p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
                 post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[:, None]")
-                k.locals[n.name] = TVar(f"tmp{num}", n.src_dtype)
+                k.locals[n.name] = Var(f"tmp{num}", n.src_dtype)
             if n.name not in k.sched.kernel_local:
                 post.append(k.store(n, k.locals[n.name], xvars, rvars))
         else:
@@ -221,7 +222,7 @@ def _online_phase(k, m, d, xvars, rvars) -> list:
     post = [f"tmp{nm} = triton_helpers.max2(_tmp{nm}, 1)[:, None]",
             f'tmp{nd} = tl.sum(tl.where(tmp{nm} == float("-inf"), 0.0, _tmp{nd} * libdevice.exp(_tmp{nm} - tmp{nm})), 1)[:, None]']
     for node, num in ((m, nm), (d, nd)):
-        k.locals[node.name] = TVar(f"tmp{num}", node.src_dtype)
+        k.locals[node.name] = Var(f"tmp{num}", node.src_dtype)
         if node.name not in k.sched.kernel_local:
             post.append(k.store(node, k.locals[node.name], xvars, rvars))
     return pre + loop + post

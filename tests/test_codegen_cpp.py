@@ -1,6 +1,7 @@
 """§8 C++ code generation and its runtime, through `stax.compile`: 64-bit indexing past 2^31
 elements, a kernel the compiler rejects (the message shows the kernel and the compiler's error),
 a missing C++ compiler, the on-disk cache seen from a new process, and deterministic kernel text."""
+import dataclasses
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import stax
-from stax import cache, codegen_cpp
+from stax import cache, codegen_cpp, op_table
 from conftest import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,8 @@ def test_wide_rows_index_in_int64():
 
 
 def test_a_kernel_that_fails_to_compile_shows_the_kernel_and_the_compiler_message(monkeypatch):
-    monkeypatch.setitem(codegen_cpp._UNARY_FN, "exp", "stax_no_such_function")
+    exp = dataclasses.replace(op_table.BY_HANDLER["exp"], cpp="stax_no_such_function")
+    monkeypatch.setitem(op_table.BY_HANDLER, "exp", exp)
     with pytest.raises(cache.CppCompileError) as ei:
         stax.compile(lambda x: x.exp() + 1)(stax.ones(7))
     msg = str(ei.value)

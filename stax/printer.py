@@ -1,0 +1,80 @@
+"""The printer skeleton both code generators share: an `ops` handler that prints code.
+
+Layer: the back ends' base, under codegen_cpp.py (§8) and triton_kernel.py (§9); above the IR
+(ir.py) and the op table (op_table.py). Chapter: §6's define-by-run idea seen from the other side —
+lowering records each op as a call `ops.add(a, b)` inside an `inner_fn`; a code generator calls the
+same `inner_fn` with a *printer* installed as `ops`, and every call prints one line of code and
+returns the variable that holds its result.
+
+It consumes `ops.*` calls (from `inner_fn` bodies, under `ir.set_handler(printer)`) and produces
+lines of code (`printer.lines`) plus `Var`s naming their results. What is the same in C++ and
+Triton lives here; a subclass holds only what differs:
+
+  - `LANGUAGE`, the `OpDef` field with this language's spellings ("cpp" or "triton");
+  - `new_name()` (where temporaries are numbered) and `assignment(name, expr)` (the line's syntax);
+  - methods for the few ops whose form is special in that language (load, constant, pow, ...).
+
+Where to look:
+  - the value a printed op returns ......... Var
+  - common subexpressions .................. Printer.emit (one line per distinct expression)
+  - ops spelled from the table ............. Printer.__getattr__ (unary `fn(x)`, binary `(a op b)`)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dtypes import bool_
+from .op_table import BY_HANDLER
+
+# ---- The value of a printed op ----
+
+
+@dataclass
+class Var:
+    """A temporary of the printed kernel (`tmp3`), or a literal, with the dtype it holds."""
+    name: str
+    dtype: object
+
+    def __str__(self):
+        return self.name
+
+
+# ---- The skeleton ----
+
+
+class Printer:
+    """ops handler base: `emit` deduplicates expressions; the op table spells generic ops."""
+
+    LANGUAGE = ""           # the OpDef field holding this printer's spellings: "cpp" or "triton"
+
+    def __init__(self):
+        self.lines, self.cse = [], {}
+
+    def new_name(self) -> str:
+        raise NotImplementedError
+
+    def assignment(self, name: str, expr: str) -> str:
+        raise NotImplementedError
+
+    def emit(self, expr: str, dtype) -> Var:
+        """The variable holding `expr`: a new line the first time, the same variable after (CSE)."""
+        if expr in self.cse:
+            return self.cse[expr]
+        var = Var(self.new_name(), dtype)
+        self.lines.append(self.assignment(var.name, expr))
+        self.cse[expr] = var
+        return var
+
+    def __getattr__(self, op):
+        """`ops.exp(x)` → `fn(x)`, `ops.add(a, b)` → `(a + b)`, spelled from the op table.
+
+        Only reached for names the subclass does not define; an op without a spelling in this
+        language (and without a method) is an error that names it."""
+        d = BY_HANDLER.get(op)
+        spelling = getattr(d, self.LANGUAGE, None) if d is not None else None
+        if spelling is None:
+            raise AttributeError(f"the {self.LANGUAGE or 'base'} printer has no ops.{op}")
+        if d.kind == "unary":
+            return lambda x: self.emit(f"{spelling}({x})", x.dtype)
+        result = bool_ if d.dtype == "bool" else None
+        return lambda a, b: self.emit(f"({a} {spelling} {b})", result or a.dtype)
