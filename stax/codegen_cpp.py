@@ -38,7 +38,7 @@ from .ir import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars
                     reduction_identity, set_handler, simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
-from .printer import Printer, Var
+from .printer import IndexPrinter, Printer, Var
 from .wrapper import extern_call, pyshape, wrapper_launches, wrapper_prologue
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
@@ -89,42 +89,32 @@ def cliteral(value, dtype) -> str:
     return text + suffix
 
 
-def cexpr(e) -> str:
-    """Print an index expression (sympy) as C++ (int64 arithmetic, non-negative operands)."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, sympy.Add):
-        terms = [cexpr(t) for t in e.as_ordered_terms()]
+class CppIndexPrinter(IndexPrinter):
+    """Index expressions as C++ (int64 arithmetic, non-negative operands): sympy's term order."""
+
+    def add(self, e) -> str:
+        terms = [self.expr(t) for t in e.as_ordered_terms()]
         out = terms[0]
         for t in terms[1:]:
             out += f" - {t[1:]}" if t.startswith("-") else f" + {t}"
         return out
-    if isinstance(e, sympy.Mul):
+
+    def mul(self, e) -> str:
         coeff, rest = e.as_coeff_Mul()
-        inner = "*".join(_paren(a) for a in sympy.Mul.make_args(rest))
-        if coeff == 1:
-            return inner
-        if coeff == -1:
-            return f"-{inner}"
-        return f"{int(coeff)}*{inner}"
-    if isinstance(e, FloorDiv):
-        return f"({cexpr(e.args[0])}) / {_paren(e.args[1])}"
-    if isinstance(e, ModularIndexing):
-        a, d, m = e.args
-        base = cexpr(a) if d == 1 else f"({cexpr(a)}) / {_paren(d)}"
-        return f"(({base}) % {_paren(m)})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "stax_max" if isinstance(e, sympy.Max) else "stax_min"
-        return f"{fn}<int64_t>({', '.join(cexpr(a) for a in e.args)})"
-    raise NotImplementedError(f"cannot print index {e}")
+        return f"-{self.mul(rest)}" if coeff == -1 else super().mul(e)
+
+    def modular(self, a, d, m) -> str:
+        base = self.expr(a) if d == 1 else f"({self.expr(a)}) / {self.paren(d)}"
+        return f"(({base}) % {self.paren(m)})"
+
+    def other(self, e) -> str:
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            fn = "stax_max" if isinstance(e, sympy.Max) else "stax_min"
+            return f"{fn}<int64_t>({', '.join(self.expr(a) for a in e.args)})"
+        return super().other(e)
 
 
-def _paren(e) -> str:
-    s = cexpr(e)
-    return s if (sympy.sympify(e).is_Atom) else f"({s})"
+cexpr = CppIndexPrinter().expr
 
 
 # ---- §8 The ops handler that prints C++ ----

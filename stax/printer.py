@@ -18,12 +18,16 @@ Where to look:
   - the value a printed op returns ......... Var
   - common subexpressions .................. Printer.emit (one line per distinct expression)
   - ops spelled from the table ............. Printer.__getattr__ (unary `fn(x)`, binary `(a op b)`)
+  - index expressions (sympy) as text ...... IndexPrinter (C++ and Triton override a few forms)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sympy
+
 from .dtypes import bool_
+from .ir import FloorDiv, ModularIndexing
 from .op_table import BY_HANDLER
 
 # ---- The value of a printed op ----
@@ -78,3 +82,49 @@ class Printer:
             return lambda x: self.emit(f"{spelling}({x})", x.dtype)
         result = bool_ if d.dtype == "bool" else None
         return lambda a, b: self.emit(f"({a} {spelling} {b})", result or a.dtype)
+
+
+# ---- Index expressions ----
+
+
+class IndexPrinter:
+    """A sympy index expression as text in the kernel's language (`128*x0 + r0_1`).
+
+    Integers, symbols, products and floor division print alike in C++ and Triton; a subclass
+    says how sums are ordered and signed, how ModularIndexing reads, and what else it can print."""
+
+    FLOORDIV = "/"
+
+    def expr(self, e) -> str:
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            return e.name
+        if isinstance(e, sympy.Add):
+            return self.add(e)
+        if isinstance(e, sympy.Mul):
+            return self.mul(e)
+        if isinstance(e, FloorDiv):
+            return f"({self.expr(e.args[0])}) {self.FLOORDIV} {self.paren(e.args[1])}"
+        if isinstance(e, ModularIndexing):
+            return self.modular(*e.args)
+        return self.other(e)
+
+    def paren(self, e) -> str:
+        s = self.expr(e)
+        return s if sympy.sympify(e).is_Atom else f"({s})"
+
+    def mul(self, e) -> str:
+        coeff, rest = e.as_coeff_Mul()
+        inner = "*".join(self.paren(a) for a in sympy.Mul.make_args(rest))
+        return inner if coeff == 1 else f"{int(coeff)}*{inner}"
+
+    def add(self, e) -> str:
+        raise NotImplementedError
+
+    def modular(self, a, d, m) -> str:
+        raise NotImplementedError
+
+    def other(self, e) -> str:
+        raise NotImplementedError(f"cannot print index {e}")

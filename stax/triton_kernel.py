@@ -30,7 +30,7 @@ import sympy
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
 from .ir import FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims, set_handler, simplify_index
-from .printer import Printer
+from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
 
 # ---- §9.1 The device the code is generated for ----
@@ -75,42 +75,29 @@ def literal(value, dtype) -> str:
     return repr(v)
 
 
-def texpr(e) -> str:
-    """Print an index expression as Triton: terms ordered by variable name (`r0_1 + 128*x0`)."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, sympy.Add):
+class TritonIndexPrinter(IndexPrinter):
+    """Index expressions as Triton: terms ordered by variable name (`r0_1 + 128*x0`)."""
+
+    FLOORDIV = "//"
+
+    def add(self, e) -> str:
         def key(t):
             syms = sorted(s.name for s in t.free_symbols)
             return (0, syms[0]) if syms else (1, "")
-        terms = [texpr(t) for t in sorted(e.args, key=key)]
+        terms = [self.expr(t) for t in sorted(e.args, key=key)]
         out = terms[0]
         for t in terms[1:]:
             out += f" + ({t})" if t.startswith("-") else f" + {t}"
         return out
-    if isinstance(e, sympy.Mul):
-        coeff, rest = e.as_coeff_Mul()
-        inner = "*".join(_tparen(a) for a in sympy.Mul.make_args(rest))
-        return inner if coeff == 1 else f"{int(coeff)}*{inner}"
-    if isinstance(e, FloorDiv):
-        return f"({texpr(e.args[0])}) // {_tparen(e.args[1])}"
-    if isinstance(e, ModularIndexing):
-        a, d, m = e.args
-        base = texpr(a) if d == 1 else f"(({texpr(a)}) // {_tparen(d)})"
-        return f"{_tparen_s(base)} % {_tparen(m)}"
-    raise NotImplementedError(f"cannot print index {e}")
+
+    def modular(self, a, d, m) -> str:
+        base = self.expr(a) if d == 1 else f"(({self.expr(a)}) // {self.paren(d)})"
+        base = base if base.replace("_", "").isalnum() else f"({base})"
+        return f"{base} % {self.paren(m)}"
 
 
-def _tparen(e) -> str:
-    s = texpr(e)
-    return s if sympy.sympify(e).is_Atom else f"({s})"
-
-
-def _tparen_s(s: str) -> str:
-    return s if s.replace("_", "").isalnum() else f"({s})"
+_INDEX = TritonIndexPrinter()
+texpr = _INDEX.expr
 
 
 # ---- §9.3 Tiling ----
@@ -462,7 +449,7 @@ def var_lines(axis) -> list:
     for sym, size in zip(reversed(axis.dims), reversed(axis.sizes)):
         base = f"{axis.prefix}index" if div == 1 else f"({axis.prefix}index // {texpr(div)})"
         last = sym == axis.dims[0]
-        lines.append(f"{sym} = {base}" if last else f"{sym} = {base} % {_tparen(size)}")
+        lines.append(f"{sym} = {base}" if last else f"{sym} = {base} % {_INDEX.paren(size)}")
         div = div * size
     return lines
 
