@@ -523,26 +523,26 @@ _max_ret = namedtuple("max", "values indices")
 _min_ret = namedtuple("min", "values indices")
 
 
-def max(x, dim=None, keepdim=False):
+def _max_or_min(name, x, dim, keepdim):
+    """torch.max/min: elementwise with a tensor, the whole reduction without dim, else (values, indices)."""
+    pairwise, reduce, arg, ret = ((maximum, amax, argmax, _max_ret) if name == "max" else
+                                  (minimum, amin, argmin, _min_ret))
     if isinstance(dim, Tensor):
-        return maximum(x, dim)
+        return pairwise(x, dim)
     if dim is None:
         if x.numel() == 0:
-            raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == "
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == "
                                "0. Specify the reduction dim with the 'dim' argument.")
-        return amax(x)
-    return _max_ret(amax(x, dim, keepdim), argmax(x, dim, keepdim))
+        return reduce(x)
+    return ret(reduce(x, dim, keepdim), arg(x, dim, keepdim))
+
+
+def max(x, dim=None, keepdim=False):
+    return _max_or_min("max", x, dim, keepdim)
 
 
 def min(x, dim=None, keepdim=False):
-    if isinstance(dim, Tensor):
-        return minimum(x, dim)
-    if dim is None:
-        if x.numel() == 0:
-            raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() == "
-                               "0. Specify the reduction dim with the 'dim' argument.")
-        return amin(x)
-    return _min_ret(amin(x, dim, keepdim), argmin(x, dim, keepdim))
+    return _max_or_min("min", x, dim, keepdim)
 
 
 def _count(x, dim):
