@@ -154,6 +154,8 @@ OPS = {d.name: d for d in [
     _unary("tanh", np.tanh, "float", cpp="stax_tanh", triton="libdevice.tanh"),
     _unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)), "float", cpp="stax_sigmoid", triton="tl.sigmoid"),
     _unary("erf", _erf, "float", cpp="stax_erf", triton="libdevice.erf"),
+    _unary("log1p", np.log1p, "float", cpp="log1p", triton="libdevice.log1p"),
+    _unary("expm1", np.expm1, "float", cpp="expm1", triton="libdevice.expm1"),
     # relu keeps NaN, unlike maximum(x, 0) on ints
     _unary("relu", lambda x: np.where(x < 0, 0, x), "same", cpp="stax_relu"),
     _unary("floor", _keep_int(np.floor), "same", cpp="floor", triton="libdevice.floor"),

@@ -35,11 +35,8 @@ __all__ = """permute expand expand_as select view reshape unsqueeze squeeze flat
     narrow broadcast_shapes add sub div true_divide floor_divide multiply subtract to_dtype where
     clamp clip gelu silu sum prod amax amin argmax argmin max min mean var std logsumexp cumsum
     softmax log_softmax layer_norm matmul mm bmm cat concat stack clone contiguous nonzero
-    unique copy_ fill_ zero_
-    neg abs exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid erf relu floor ceil round trunc sign
-    reciprocal isnan isinf logical_not bitwise_not
-    mul floordiv remainder pow maximum minimum eq ne lt le gt ge logical_and logical_or logical_xor
-    bitwise_and bitwise_or bitwise_xor""".split()
+    unique copy_ fill_ zero_""".split()
+__all__ += [d.name for d in OPS.values() if d.kind in ("unary", "binary") and d.name not in __all__]
 
 
 # ---- Views ----
@@ -285,6 +282,11 @@ def _out_dtype(rule, dt):
     return {"same": dt, "float": _float_result(dt), "bool": bool_}[rule]
 
 
+# op name -> the public function of a unary or binary op of op_table.OPS; each becomes a Tensor
+# method of the same name (`x.exp()`) at the end of this module
+_POINTWISE_FUNCTIONS = {}
+
+
 def _unary_op(op):
     """The public function of a unary op of op_table.OPS (its dtype rule, ATen's refusals)."""
     rule = OPS[op].dtype
@@ -302,6 +304,7 @@ def _unary_op(op):
                             "tensors")
         return _pointwise(op, [x], _out_dtype(rule, dt))
     fn.__name__ = op
+    _POINTWISE_FUNCTIONS[op] = fn
     return fn
 
 
@@ -325,6 +328,7 @@ def _binary_op(op):
                                "operator instead.")
         return _pointwise(op, [a, b], _out_dtype(rule, dt))
     fn.__name__ = op
+    _POINTWISE_FUNCTIONS[op] = fn
     return fn
 
 
@@ -341,6 +345,8 @@ cos = _unary_op("cos")
 tanh = _unary_op("tanh")
 sigmoid = _unary_op("sigmoid")
 erf = _unary_op("erf")
+log1p = _unary_op("log1p")
+expm1 = _unary_op("expm1")
 relu = _unary_op("relu")
 floor = _unary_op("floor")
 ceil = _unary_op("ceil")
@@ -834,12 +840,10 @@ Tensor.__iter__ = _iter
 Tensor.__getitem__ = _getitem
 Tensor.__setitem__ = _setitem
 
-# x.f(...) == f(x, ...) for these functions, under their own names
-for _f in (neg, abs, exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh, sigmoid, erf, relu, floor,
-           ceil, round, trunc, sign, reciprocal, isnan, isinf, logical_not, bitwise_not,
-           add, sub, mul, div, floordiv, remainder, pow, maximum, minimum, eq, ne, lt, le, gt, ge,
-           logical_and, logical_or, logical_xor, bitwise_and, bitwise_or, bitwise_xor,
-           clamp, gelu, silu, to_dtype, sum, prod, amax, amin, argmax, argmin, max, min, mean, var,
+# x.f(...) == f(x, ...): every pointwise op of the table, then these functions, under their own names
+for _name, _f in _POINTWISE_FUNCTIONS.items():
+    setattr(Tensor, _name, _f)
+for _f in (add, sub, div, clamp, gelu, silu, to_dtype, sum, prod, amax, amin, argmax, argmin, max, min, mean, var,
            std, logsumexp, cumsum, softmax, log_softmax, matmul, permute, expand, expand_as, view,
            reshape, unsqueeze, squeeze, flatten, transpose, t, narrow, select, clone, contiguous,
            nonzero, unique, copy_, fill_, zero_):

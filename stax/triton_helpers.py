@@ -49,9 +49,25 @@ def _pow(a, b):
     return tl.where(b == 0, 1.0, signed)
 
 
+@triton.jit
+def _log1p(x):
+    # log(u) * x / (u - 1) with u = 1 + x cancels u's rounding error (Goldberg), exact at u == 1
+    u = 1.0 + x
+    return tl.where((u == 1.0) | (u == float("inf")), x, tl.log(u) * (x / (u - 1.0)))
+
+
+@triton.jit
+def _expm1(x):
+    # (u - 1) * x / log(u) with u = exp(x) (Kahan's trick), exact where u rounds to 1
+    u = tl.exp(x)
+    big = tl.where(u == float("inf"), u, (u - 1.0) * (x / tl.log(u)))
+    return tl.where(u == 1.0, x, tl.where(u - 1.0 == -1.0, -1.0, big))
+
+
 class _InterpretedLibdevice:
     """libdevice's names, resolved at call time to the `tl` functions the interpreter patches."""
-    _OWN = {"tanh": _tanh, "nearbyint": _nearbyint, "trunc": _trunc, "pow": _pow}
+    _OWN = {"tanh": _tanh, "nearbyint": _nearbyint, "trunc": _trunc, "pow": _pow,
+            "log1p": _log1p, "expm1": _expm1}
 
     def __getattr__(self, name):
         return self._OWN.get(name) or getattr(tl, name)

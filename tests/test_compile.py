@@ -68,9 +68,9 @@ UNARY = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "exp2": np.exp2, "sin": np.sin, "cos": np.cos,
     "tanh": np.tanh, "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "erf": erf,
     "relu": lambda x: np.maximum(x, 0), "floor": np.floor, "ceil": np.ceil, "round": np.round,
-    "trunc": np.trunc, "sign": np.sign,
+    "trunc": np.trunc, "sign": np.sign, "expm1": np.expm1,
 }
-POSITIVE_UNARY = {"log": np.log, "log2": np.log2, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+POSITIVE_UNARY = {"log": np.log, "log1p": np.log1p, "log2": np.log2, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
                   "reciprocal": lambda x: 1 / x}
 
 

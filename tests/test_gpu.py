@@ -111,6 +111,7 @@ def test_layer_norm_and_mlp_block():
 @pytest.mark.parametrize("name,fn,shapes", [
     ("unary", lambda x: x.exp() + x.sin() * x.cos() + x.tanh() + x.sigmoid() + x.floor() + x.round() + x.sign(), [(1000,)]),
     ("logs", lambda x: x.abs().log() + x.abs().sqrt() + x.abs().rsqrt() + x.exp2() + x.abs().log2() + stax.erf(x), [(7, 9)]),
+    ("log1p_expm1", lambda x: x.abs().log1p() + stax.expm1(x) + (x * 1e-6).log1p() * 1e6 + (x * 1e-6).expm1() * 1e6, [(7, 9)]),
     ("pow_div", lambda x, y: x ** 2 + x ** 3 + x.abs() ** 2.5 + x // 0.7 + x % 0.3 + x / y, [(33,), (33,)]),
     ("gelu_silu", lambda x: stax.gelu(x) + stax.silu(x) + stax.gelu(x, approximate="tanh"), [(1000,)]),
     ("broadcast", lambda x, y: x * y - y, [(7, 1, 5), (3, 1)]),
@@ -465,3 +466,10 @@ def test_multi_pass_rows_get_both_forms_and_the_faster_runs(monkeypatch):
     assert MultiKernel("m", [fake("per", 0.5), fake("red", 0.4)])._choose((1, 2)).name == "red"
     assert MultiKernel("m", [fake("per", 0.3), fake("red", 0.4)])._choose((1, 2)).name == "per"
     assert MultiKernel("m", [fake("per", None), fake("red", 0.4)])._choose((1, 2)).name == "per"
+
+
+def test_log1p_expm1_specials_and_tiny_values():
+    """The op table's worked example (docs/DESIGN.md, "Adding an op"): exact near 0, IEEE at the edges."""
+    x = stax.tensor([0.0, -0.0, 1e-30, -1e-7, 1e-4, -1.0, -2.0, 88.0, 100.0, float("inf"), float("-inf"),
+                     float("nan")])
+    check(lambda x: (x.log1p(), x.expm1()), x)
