@@ -1,7 +1,7 @@
 """stax.cuda -- the GPU driver layer (bottom of the stack): a cffi (ABI mode) binding of ``libcuda.so.1``.
 
 Layer: bottom (imports no other stax module; tensor.py and everything above may import it).
-Chapter: DESIGN.md "Runtime" (GPU bullet); §9.7 (caching allocator, Listing 9.6's device context).
+Chapter: docs/DESIGN.md "Runtime" (GPU bullet); §9.7 (caching allocator, Listing 9.6's device context).
 No PyTorch, CuPy or cuda-python underneath: ``cffi.FFI().dlopen("libcuda.so.1")``, no C compiler.
 
 What it consumes / produces

@@ -1,6 +1,6 @@
 """stax.cuda_triton -- Triton cubins compiled, loaded and launched through the CUDA driver.
 
-Layer: bottom, one above cuda.py (imports only ``stax.cuda``). Chapter: DESIGN.md "Runtime";
+Layer: bottom, one above cuda.py (imports only ``stax.cuda``). Chapter: docs/DESIGN.md "Runtime";
 Listing 9.6's launches; §9.6 (the launch path whose host cost the measurements include).
 cuda.py binds the driver and knows nothing of Triton; this module builds on it with what follows
 Triton's conventions. triton_heuristics.py (the launch-time kernel class) is its caller.

@@ -1,4 +1,4 @@
-"""Runtime: loading generated modules, and the names a generated wrapper calls (DESIGN.md "Runtime").
+"""Runtime: loading generated modules, and the names a generated wrapper calls (docs/DESIGN.md "Runtime").
 
 Layer: back end, the top (above both code generators; only `stax/__init__.py` and `__main__` sit
 higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`) and,

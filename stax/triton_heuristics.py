@@ -133,7 +133,7 @@ _INTERP_DTYPES: dict = {}
 
 
 class _InterpTensor:
-    """The adapter: data_ptr, dtype, untyped_storage(), new_empty, set_, size, stride (DESIGN.md)."""
+    """The adapter: data_ptr, dtype, untyped_storage(), new_empty, set_, size, stride (docs/DESIGN.md)."""
 
     def __init__(self, array, offset, dtype_name):
         dtype = _INTERP_DTYPES.get(dtype_name)

@@ -1,6 +1,6 @@
 """Shared test helpers for Stax.
 
-- `assert_close(actual, expected, dtype)`: DESIGN.md's tolerances; importable as
+- `assert_close(actual, expected, dtype)`: docs/DESIGN.md's tolerances; importable as
   `from conftest import assert_close` and also a fixture of the same name.
 - `STAX_CACHE_DIR`: pointed at a fresh temporary folder for the session unless already set
   (set in `pytest_configure`, before collection imports stax, so that a module-level
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# ---- tolerances (DESIGN.md, Tests) ----
+# ---- tolerances (docs/DESIGN.md, Tests) ----
 
 # dtype name -> (rtol, atol); dtypes not listed here (ints, bool) compare exactly.
 TOLERANCES = {

@@ -1,5 +1,5 @@
 """The compiled path on the CPU, end to end: `stax.compile(fn)(...)` against float64 numpy
-references on fresh random inputs (DESIGN.md tolerances), for every op and the chapter's examples,
+references on fresh random inputs (docs/DESIGN.md tolerances), for every op and the chapter's examples,
 odd sizes, non-contiguous and broadcast inputs, NaN/inf, int and half dtypes, scalars and
 constants, output structures; then specialization and guards, and the errors eager raises.
 
@@ -598,7 +598,7 @@ def test_half_rule_other_tensor_dtypes_round_first(rng, dtype):
 
 
 def test_user_cast_rounds_inside_fused_kernel(rng):
-    """`.to(float16)` the user wrote rounds even when the whole chain is one kernel (DESIGN.md)."""
+    """`.to(float16)` the user wrote rounds even when the whole chain is one kernel (docs/DESIGN.md)."""
     x = rand(rng, 8, 65)
 
     def f(x):

@@ -1,4 +1,4 @@
-"""Tests of stax/cuda.py (the CUDA driver runtime: DESIGN.md "Runtime"; section 9.7 allocator) and
+"""Tests of stax/cuda.py (the CUDA driver runtime: docs/DESIGN.md "Runtime"; section 9.7 allocator) and
 stax/cuda_triton.py (Triton cubins compiled, loaded and launched).
 
 CPU tests (run everywhere): the cdef parses, import is lazy, no-GPU errors are clear, Triton
