@@ -1,7 +1,7 @@
 """GPU benchmark (issue 3): Stax's Triton kernels against the memory floor and torch.compile.
 
 Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`.
-For each workload of ../shared/ANCHORS.md at its shape it prints, from one run: Stax's time
+For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
 user would see), the floor (each input read once + each output written once, over
