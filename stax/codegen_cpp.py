@@ -1,7 +1,7 @@
 """§8 CPU code generation: fusion groups → C++ kernels + a Python wrapper.
 
-Layer: back end (CPU). Imports the IR (`lower`), the schedule (`schedule`), the shared wrapper
-pieces (`wrapper`) and `cache.prelude`; nothing above it. runtime.py loads what it produces.
+Layer: back end (CPU). Imports the IR (`ir`), the schedule (`schedule`), the printer skeleton
+(`printer`), the shared wrapper pieces (`wrapper`) and `cache.prelude`; nothing above it. runtime.py loads what it produces.
 
 Consumes a `schedule.Schedule`; produces a `CppModule`: the text of one C++ file (the prelude
 `cpp_prelude.h` with Stax's vectorizable math, then one `extern "C"` function per kernel), the cffi
@@ -11,11 +11,12 @@ text: `runtime.load_module` compiles the file with the system C++ compiler (thro
 content-addressed cache of `cache.py`) and imports the wrapper.
 
 Each kernel is printed by running the IR's `inner_fn`s with `CppPrinter`, an `ops` handler whose
-values are C++ temporaries `tmpN` (with common-subexpression elimination).
+values are C++ temporaries `tmpN`; CSE, temporaries and the op table's `cpp` spellings come from
+`printer.Printer`, so `CppPrinter` holds only C++'s own forms.
 
 Where to look:
   - `split_policy` ....................... Alg. 6.1 on the CPU: split a reduction to fill the threads
-  - `ctype`, `storage_ctype`, `cliteral`, `cexpr`  C types, literals, index expressions
+  - `ctype`, `cliteral`, `CppIndexPrinter`  C types, literals, index expressions (`cexpr`)
   - `CppPrinter` ......................... ops.* → C++ expressions (NaN-propagating max, half casts)
   - `_loop_nest` ......................... Prop. 6.3's merged loops (`ir.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes

@@ -16,7 +16,7 @@ Where to look:
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
-  - the IR itself, its printer, merge_dims .......... ir.py (re-exported here for older imports)
+  - the IR itself, its printer, merge_dims .......... ir.py
 """
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
 """§9.1–9.3 The Triton kernel writer: the state, printer and index/axis lines every GPU kernel shares.
 
-Layer: back end (GPU), below the kernel forms. Imports the IR (`lower`), the schedule (`schedule`)
-and §9.6's limits on block sizes and grids (`autotune`); triton_reduction.py (§9.4–9.5) and
+Layer: back end (GPU), below the kernel forms. Imports the IR (`ir`), the schedule (`schedule`),
+the printer skeleton (`printer`) and §9.6's limits on block sizes and grids (`autotune`); triton_reduction.py (§9.4–9.5) and
 codegen_triton.py (§9.7) build on it. Nothing here imports triton: it prints text.
 
 Consumes one fusion group of a `schedule.Schedule`; produces the lines of its kernel. Each kernel
 is printed by running the IR's `inner_fn`s with `TritonPrinter`, an `ops` handler whose values are
-block-level temporaries `tmpN` (with CSE): `ops.load` becomes a masked `tl.load`, the index
+block-level temporaries `tmpN` (CSE and the op table's `triton` spellings come from
+`printer.Printer`): `ops.load` becomes a masked `tl.load`, the index
 expression becomes the address offset verbatim (Listing 9.1). `finish` turns the lines into a whole
 kernel: the `@triton_heuristics.<kind>(...)` decorator, the signature, renamed pointer parameters.
 
 Where to look:
   - `Target`, `current_target` ........... §9.1 the device the code is generated for
-  - `texpr`, `literal`, `tl_dtype` ....... index expressions, constants and dtypes as Triton text
+  - `texpr` (`TritonIndexPrinter`), `literal`, `tl_dtype`  index expressions, constants and dtypes as Triton text
   - `_choose_tiling`, `Axis` ............. §9.3 1-D, 2-D or 3-D tiles, scored by coalesced bytes
   - `TritonPrinter` ...................... ops.* → tl.* (masks, `other=`, eviction policies, CSE)
   - `TritonKernel` ....................... a kernel's printing state (buffers, axes, masks, stores)

@@ -1,6 +1,6 @@
 """§7.5, §9.7 The wrapper both back ends print: `call(args)`'s shared pieces.
 
-Layer: back end, lowest code-printing module (imports the IR from `lower` and buffer lifetimes from
+Layer: back end, lowest code-printing module (imports the IR from `ir` and buffer lifetimes from
 `schedule`; codegen_cpp.py and codegen_triton.py build on it).
 
 Consumes a `schedule.Schedule` (its `lowered` graph: inputs, outputs, unbacked sizes) and, per
