@@ -28,6 +28,7 @@ from . import capture as _capture
 from . import tensor as _T
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API)
 from .tensor import Tensor, _ALIASES
+from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
