@@ -202,6 +202,8 @@ class _HostAllocator:
 
 
 _ALLOC = _HostAllocator(_default_limit())
+if hasattr(os, "register_at_fork"):      # a child forked while another thread held the lock
+    os.register_at_fork(after_in_child=lambda: setattr(_ALLOC, "lock", threading.Lock()))
 
 
 def empty(numel: int, dtype) -> np.ndarray:
