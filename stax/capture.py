@@ -307,7 +307,10 @@ def unflatten(spec, leaves, inputs=()):
             return {k: build(s) for k, s in items}
         vals = [build(s) for s in items]
         return kind(vals) if kind in (tuple, list) else kind(*vals)
-    return build(spec)
+    try:
+        return build(spec)
+    finally:
+        del build   # it refers to itself: without this the cycle keeps the outputs alive until gc
 
 
 def _map_tensors(obj, f):
