@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 INV_SQRT2 = 1 / math.sqrt(2)
 INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
-GELU_G = 0.7      # ANCHORS' gelu: g * (Phi(h) + h*phi(h)) with g = 0.7 (one 64M input, one output)
+GELU_G = 0.7      # the reference gelu: g * (Phi(h) + h*phi(h)) with g = 0.7 (one 64M input, one output)
 
 
 # ---- Workloads: inputs, and the computation in each framework's natural spelling ----
