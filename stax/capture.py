@@ -4,7 +4,7 @@ Layer: above tensor.py and tensor_ops.py (it installs itself as tensor.py's trac
 which consumes its `Graph`.
 
 Consumes a Python function and example inputs; produces a `Graph`: placeholder nodes for the tensor
-inputs, one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
+inputs (inputs that share memory are views of one base placeholder), one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
 the outputs, and the write-backs of inputs the function updated in place.
 
 The function runs once on *proxy* tensors: tensor.py routes every primitive op through one choke
@@ -17,7 +17,8 @@ Where to look:
   - `Node`, `Graph` ........................ the graph; `Graph.format()` prints one node per line
   - `Tracer.record` ........................ one op → one node (real tensors become constants)
   - `Tracer.mutate` ........................ in-place updates as functional updates (+ write-back)
-  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow
+  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), numpy arguments
+  - `aliasing`, `_view_chain` .............. inputs sharing memory: one base, the key's pattern
   - `capture(fn, args)` .................... the entry point (`input_tensors`: its placeholder order)
 """
 from __future__ import annotations

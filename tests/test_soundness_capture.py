@@ -385,3 +385,19 @@ def test_print_restored_after_capture(capsys):
     before = builtins.print
     stax.compile(lambda x: x + 1)(stax.ones(2))
     assert builtins.print is before
+
+
+# ---- the same on the GPU back end (Triton; the interpreter where there is no GPU) ----
+
+
+def test_aliased_inputs_on_the_device(rng):
+    a = rng.uniform(-2, 2, (3, 3)).astype(np.float32)
+    x = stax.tensor(a).to("cuda")
+    out = stax.compile(add_other)(x, x.t())
+    ex = stax.tensor(a)
+    want = add_other(ex, ex.t())
+    for got, e in zip(out, want):
+        assert_close(got.cpu(), e, "float32")
+    assert_close(x.cpu(), ex, "float32")
+    y = stax.tensor(a).to("cuda")
+    assert_close(stax.compile(view_then_add_)(y).cpu(), view_then_add_(stax.tensor(a)), "float32")
