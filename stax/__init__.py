@@ -25,6 +25,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import numpy as _np
+
 from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
@@ -77,11 +79,16 @@ def _key_of(x):
         return (type(x).__name__, tuple(_key_of(y) for y in x))
     if isinstance(x, dict):
         return ("dict", tuple((k, _key_of(v)) for k, v in x.items()))
+    if isinstance(x, _np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
+        return ("ndarray",)
     return ("object", id(x))
 
 
 def _describe_change(old, new) -> str:
     """Which part of the key differs: the guard that failed, in words."""
+    shared = [_capture.describe_aliasing(k[-1] if k and k[-1][0] == "aliasing" else None) for k in (old, new)]
+    if shared[0] != shared[1]:
+        return f"tensor inputs sharing memory changed from {shared[0]} to {shared[1]}"
     for i, (a, b) in enumerate(zip(old, new)):
         if a == b:
             continue
@@ -189,6 +196,9 @@ class CompiledFunction:
         key = tuple([_key_of(a) for a in args])
         if kwargs:
             key += tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
+        alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
+        if alias is not None:
+            key += (alias.pattern,)
         entry = self.artifacts.get(key, _MISS)
         if entry is _MISS:
             entry = self._compile(key, args, kwargs)
@@ -199,8 +209,11 @@ class CompiledFunction:
         # the common call, tensors and scalars passed positionally, skips walking nested arguments
         inputs = [a for a in args if a.__class__ is Tensor] if flat and not kwargs else \
             _capture.input_tensors(args, kwargs)
-        outs = call(inputs + self.constants[key])
-        return _capture.unflatten(spec, iter(outs), inputs)
+        if alias is None:
+            outs = call(inputs + self.constants[key])
+            return _capture.unflatten(spec, iter(outs), inputs)
+        outs = call(alias.call_inputs(inputs) + self.constants[key])
+        return _capture.unflatten(spec, iter(outs), alias.sources(inputs))
 
     def _compile(self, key, args, kwargs):
         from .capture import GraphBreak, capture

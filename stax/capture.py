@@ -4,7 +4,7 @@ Layer: above tensor.py and tensor_ops.py (it installs itself as tensor.py's trac
 which consumes its `Graph`.
 
 Consumes a Python function and example inputs; produces a `Graph`: placeholder nodes for the tensor
-inputs, one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
+inputs (inputs that share memory are views of one base placeholder), one node per primitive op the function ran (with its output metadata: shape, stride, dtype),
 the outputs, and the write-backs of inputs the function updated in place.
 
 The function runs once on *proxy* tensors: tensor.py routes every primitive op through one choke
@@ -17,17 +17,22 @@ Where to look:
   - `Node`, `Graph` ........................ the graph; `Graph.format()` prints one node per line
   - `Tracer.record` ........................ one op → one node (real tensors become constants)
   - `Tracer.mutate` ........................ in-place updates as functional updates (+ write-back)
-  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow
+  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), numpy arguments
+  - `aliasing`, `_view_chain` .............. inputs sharing memory: one base, the key's pattern
   - `capture(fn, args)` .................... the entry point (`input_tensors`: its placeholder order)
 """
 from __future__ import annotations
 
+import builtins
+import contextlib
 import os
 import traceback
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .dtypes import DType
-from .tensor import VIEW_OPS, Meta, Tensor, _dispatch, set_tracer
+from .tensor import VIEW_OPS, Meta, Storage, Tensor, _dispatch, current_tracer, set_tracer
 
 # ---- §3 The graph ----
 
@@ -98,15 +103,18 @@ class Tracer:
         self.graph = Graph()
         self.counts: dict = {}
         self.const_ids: dict = {}       # id(real tensor) -> constant node
+        self.sources: dict = {}         # placeholder node -> index into the call's input sources
 
     def _name(self, op: str) -> str:
         k = self.counts.get(op, 0)
         self.counts[op] = k + 1
         return op if k == 0 else f"{op}_{k}"
 
-    def placeholder(self, t, index: int):
-        node = Node(f"arg{index}_1", "placeholder", [], {}, _meta_of(t))
+    def placeholder(self, meta, source: int):
+        """A graph input; `source` is its index in the call's tensors (+ aliasing bases, after them)."""
+        node = Node(f"arg{len(self.graph.inputs)}_1", "placeholder", [], {}, meta)
         self.graph.inputs.append(node)
+        self.sources[node] = source
         proxy = Tensor._proxy(node.meta, node)
         proxy._origin = node
         return proxy
@@ -242,6 +250,226 @@ def _scatter_into(base, value, view_ops):
                        "refers to a single memory location (an in-place update through expand())")
 
 
+# ---- §3 Aliased inputs: tensors sharing memory are views of one base placeholder ----
+#
+# `f(a, b)` called as `f(x, x)`, `f(s[1:], s[:-1])` or `f(x, x.t())`: a write through `a` must reach
+# `b`. As torch.compile does, the inputs that share memory are captured as views of ONE placeholder,
+# a 1-D buffer over the memory they span (the base), so functionalization sees every write through
+# one of them reach the others and writes the base back once, in program order. The key includes
+# the pattern (which inputs share memory, and each one's view of the base): a call with distinct
+# tensors and a call with aliased ones get different specializations.
+
+
+def _memory(storage) -> tuple:
+    """(first byte, end byte) of a storage's memory; cached on it (a storage never moves)."""
+    mem = storage.__dict__.get("_mem")
+    if mem is None:
+        d = storage.data
+        lo, n = (d.ctypes.data, d.nbytes) if storage.device == "cpu" else (d.ptr, d.count * d.dtype.itemsize)
+        mem = storage._mem = (lo, lo + n)
+    return mem
+
+
+@dataclass
+class AliasGroup:
+    positions: tuple        # the call's tensors (input_tensors order) whose memory overlaps
+    length: int             # elements of the base; 0: not expressible as views of one base
+    chains: tuple           # per position: the view ops from the base, ((op, ((param, value), ...)), ...)
+    storage: object = None  # this call's base: storage and element offset (not part of the key)
+    offset: int = 0
+
+    def base(self, like):
+        return Tensor._make(self.storage, Meta((self.length,), (1,), like.dtype, like.device, self.offset))
+
+
+@dataclass
+class Aliasing:
+    """The memory sharing among one call's tensors: `pattern` goes into the key."""
+    groups: list
+
+    @property
+    def pattern(self) -> tuple:
+        return ("aliasing",) + tuple((g.positions, g.length, g.chains) for g in self.groups)
+
+    def expressible(self) -> dict:
+        return {p: g for g in self.groups if g.length for p in g.positions}
+
+    def call_inputs(self, inputs: list) -> list:
+        """The placeholders' tensors: each expressible group's base where its first member was."""
+        grouped, out = self.expressible(), []
+        for p, t in enumerate(inputs):
+            g = grouped.get(p)
+            if g is None:
+                out.append(t)
+            elif g.positions[0] == p:
+                out.append(g.base(t))
+        return out
+
+    def sources(self, inputs: list) -> list:
+        """What output aliases index (`_input_alias`): the call's tensors, then the groups' bases."""
+        return list(inputs) + [g.base(inputs[g.positions[0]]) if g.length else None for g in self.groups]
+
+
+def aliasing(tensors: list):
+    """None when no two of the call's tensors share memory (the common case, checked cheaply);
+    else the groups of those that do (a size-0 tensor shares nothing)."""
+    if len(tensors) < 2:
+        return None
+    spans = sorted((_memory(t._storage), p) for p, t in enumerate(tensors)
+                   if t._storage is not None and t.numel() != 0)
+    groups, hi = [], None
+    for (lo2, hi2), p in spans:
+        if hi is not None and lo2 < hi:
+            groups[-1].append(p)
+            hi = max(hi, hi2)
+        else:
+            groups.append([p])
+            hi = hi2
+    groups = [_alias_group(tensors, sorted(g)) for g in groups if len(g) > 1]
+    return Aliasing(groups) if groups else None
+
+
+def _alias_group(tensors, positions) -> AliasGroup:
+    ts = [tensors[p] for p in positions]
+    unexpressible = AliasGroup(tuple(positions), 0, ())
+    if any(t.dtype is not ts[0].dtype for t in ts):
+        return unexpressible
+    isz = ts[0].dtype.itemsize
+    org = min(_memory(t._storage)[0] for t in ts)
+    total = (max(_memory(t._storage)[1] for t in ts) - org) // isz
+    needs = []
+    for t in ts:
+        byte = _memory(t._storage)[0] - org + t._meta.offset * isz
+        need = None if byte % isz else _view_chain(t.shape, t.stride(), byte // isz, total)
+        if need is None:
+            return unexpressible
+        needs.append(need)
+    lo, hi = min(a for a, _, _ in needs), max(a + n for a, n, _ in needs)
+    chains = tuple(tuple(([("slice", (("dim", 0), ("start", a - lo), ("end", a - lo + n), ("step", 1)))]
+                          if (a - lo, n) != (0, hi - lo) else []) + chain) for a, n, chain in needs)
+    first = min(ts, key=lambda t: _memory(t._storage)[0])
+    storage = first._storage
+    if any(t._storage is not storage for t in ts):      # one memory, several Storage objects
+        if storage.device != "cpu":
+            return unexpressible
+        storage = Storage(np.lib.stride_tricks.as_strided(storage.data, (hi,), (isz,)))
+    return AliasGroup(tuple(positions), hi - lo, chains, storage, lo)
+
+
+def _view_chain(shape, stride, off, total):
+    """A tensor (shape, stride) at element `off` of a buffer of `total` elements, as view ops of the
+    range [a, a + n) of that buffer: (a, n, view ops), or None where none is found (overlapping
+    or interleaved dims). Dims by decreasing stride: the range is reshaped into rows of the
+    outermost stride, each split by the next stride, then each dim sliced; last a permute back to
+    the tensor's dim order, a reshape for its size-1 dims and an expand for its broadcast dims."""
+    real = sorted(((s, n, d) for d, (n, s) in enumerate(zip(shape, stride)) if n > 1 and s != 0),
+                  reverse=True)
+    strides, sizes = [s for s, _, _ in real], [n for _, n, _ in real]
+    if any(s < 0 for s in strides):
+        return None
+    chain, k = [], len(real) - 1
+    if k <= 0:
+        a, n = off, 1 if k < 0 else (sizes[0] - 1) * strides[0] + 1
+        if k == 0 and strides[0] != 1:
+            chain.append(("slice", (("dim", 0), ("start", 0), ("end", n), ("step", strides[0]))))
+    else:
+        a, n, r = off - off % strides[0], sizes[0] * strides[0], off % strides[0]
+        rows, cuts = [sizes[0]], []
+        for i in range(1, k + 1):
+            if i < k:
+                if strides[i - 1] % strides[i]:
+                    return None
+                q, r = divmod(r, strides[i])
+                rows.append(strides[i - 1] // strides[i])
+                cuts.append((i, q, q + sizes[i], 1))
+            else:
+                rows.append(strides[i - 1])
+                cuts.append((i, r, r + (sizes[i] - 1) * strides[i] + 1, strides[i]))
+            if cuts[-1][2] > rows[-1]:
+                return None
+        chain.append(("reshape", (("shape", tuple(rows)),)))
+        chain += [("slice", (("dim", d), ("start", b), ("end", e), ("step", st)))
+                  for d, b, e, st in cuts if (b, e, st) != (0, rows[d], 1)]
+    if a < 0 or a + n > total:
+        return None
+    perm = tuple(sorted(range(len(real)), key=lambda j: real[j][2]))
+    if perm != tuple(range(len(real))):
+        chain.append(("permute", (("dims", perm),)))
+    mid = tuple(n_ if n_ > 1 and s != 0 else 1 for n_, s in zip(shape, stride))
+    if mid != ((1,) if k < 0 else tuple(sizes[j] for j in perm)):
+        chain.append(("reshape", (("shape", mid),)))
+    if mid != tuple(shape):
+        chain.append(("expand", (("shape", tuple(shape)),)))
+    return a, n, chain
+
+
+def _input_proxies(tracer, real: list, alias) -> list:
+    """One proxy per tensor of the call; those sharing memory are views of their group's base."""
+    grouped = alias.expressible() if alias is not None else {}
+    bases, proxies = {}, []
+    for p, t in enumerate(real):
+        g = grouped.get(p)
+        if g is None:
+            proxies.append(tracer.placeholder(_meta_of(t), p))
+            continue
+        gi = alias.groups.index(g)
+        if gi not in bases:
+            bases[gi] = tracer.placeholder(Meta((g.length,), (1,), t.dtype, t.device, 0), len(real) + gi)
+        view = _replay_views(bases[gi], [(op, dict(ps)) for op, ps in g.chains[g.positions.index(p)]])
+        if getattr(view, "_input_pos", None) is None:
+            view._input_pos = p
+        proxies.append(view)
+    return proxies
+
+
+def _check_unexpressible_writes(g, tracer, alias):
+    """Inputs sharing memory in a layout not expressed as views of one base are independent
+    placeholders: correct while nothing writes to them, so a write to one of them breaks the graph."""
+    if alias is None:
+        return
+    loose = {p for grp in alias.groups if not grp.length for p in grp.positions}
+    for inp, _ in g.mutations:
+        if tracer.sources.get(inp) in loose:
+            raise GraphBreak(f"the function writes to an input that shares memory with another "
+                             f"input (inputs {sorted(loose)}, in a layout Stax cannot capture as "
+                             f"views of one buffer); pass separate tensors (clone one) to compile it")
+
+
+# ---- §3 What a graph cannot hold: numpy arguments, print ----
+
+
+def _reject_ndarrays(args):
+    def check(x):
+        if isinstance(x, np.ndarray):
+            raise GraphBreak("a numpy array argument (eager Stax gives it numpy's semantics, which "
+                             "a graph cannot reproduce; pass stax.from_numpy(array), zero copy, to "
+                             "compile it as a tensor input)")
+        if type(x) in (tuple, list):
+            for y in x:
+                check(y)
+        elif type(x) is dict:
+            for y in x.values():
+                check(y)
+    check(args)
+
+
+@contextlib.contextmanager
+def _print_breaks_graph(tracer):
+    """While `tracer` captures, `print` is a graph break: it would print proxies once, at capture,
+    and never again. Other threads (and other tracers) print as usual."""
+    original = builtins.print
+
+    def print_(*args, **kwargs):
+        if current_tracer() is tracer:
+            tracer.graph_break("print() (a Python side effect, run once at capture)")
+        return original(*args, **kwargs)
+    builtins.print = print_
+    try:
+        yield
+    finally:
+        builtins.print = original
+
+
 # ---- §3 Entry point ----
 
 
@@ -250,19 +478,21 @@ _ALIAS = object()    # spec kind of an output that is an input or a view of one:
 _SAME = object()     # spec kind of a tensor already returned at an earlier leaf
 
 
-def _input_alias(t, graph):
-    """(input position, view ops) when output `t` is a tensor input or a view of one, else None.
+def _input_alias(t, tracer):
+    """(source index, view ops) when output `t` is a tensor input or a view of one, else None.
 
     Eager returns the input object itself (or a view sharing its storage), so the compiled function
     must too: writing to the result then updates the input, as in eager. Such an output is rebuilt
-    from the caller's tensor after the write-backs, never computed into a copy.
+    from the caller's tensor after the write-backs, never computed into a copy. The source index
+    counts the call's tensors, then the aliasing bases (`Aliasing.sources`).
     """
+    if getattr(t, "_input_pos", None) is not None:
+        return t._input_pos, []         # an input itself (also one of several sharing memory)
     root = t if t._base is None else t._base
     origin = getattr(root, "_origin", None)
     if origin is None or origin.op != "placeholder":
         return None
-    placeholders = [n for n in graph.inputs if n.op == "placeholder"]
-    return placeholders.index(origin), list(t._view_ops)
+    return tracer.sources[origin], list(t._view_ops)
 
 
 def _flatten(obj, leaves, alias=lambda t: None):
@@ -337,26 +567,38 @@ def capture(fn, args: list, kwargs: dict | None = None):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
     Non-tensor arguments are passed through unchanged (their values are part of the key).
-    Raises GraphBreak when the function needs tensor data to decide what to do.
+    Tensor inputs that share memory become views of one base placeholder (`aliasing`).
+    Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
+    a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
     """
+    kwargs = kwargs or {}
+    _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
     tracer = Tracer()
-    kwargs, count = kwargs or {}, [0]
-
-    def proxy(t):
-        count[0] += 1
-        return tracer.placeholder(t, count[0] - 1)
-    proxies = _map_tensors(list(args), proxy)
-    kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)], proxy)))
+    real = input_tensors(args, kwargs)
+    alias = aliasing(real)
     prev = set_tracer(tracer)
     try:
-        result = fn(*proxies, **kw)
+        with _print_breaks_graph(tracer):
+            made = iter(_input_proxies(tracer, real, alias))
+            proxies = _map_tensors(list(args), lambda t: next(made))
+            kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)],
+                                                       lambda t: next(made))))
+            result = fn(*proxies, **kw)
+            leaves = []
+            # the outputs are read while tracing: a view of a value updated in place since the view
+            # was taken is regenerated from the new value, which records nodes
+            spec = _flatten(result, leaves, lambda t: _input_alias(t, tracer) if t._node is not None else None)
+            tracer.graph.outputs = [tracer._node_of(x) for x in leaves]
     finally:
         set_tracer(prev)
-    leaves = []
     g = tracer.graph
-    spec = _flatten(result, leaves, lambda t: _input_alias(t, g) if t._node is not None else None)
-    g.outputs = [tracer._node_of(x) for x in leaves]
-    # drop nodes nothing depends on (ops whose results the function never used)
+    _check_unexpressible_writes(g, tracer, alias)
+    _drop_dead_nodes(g)
+    return g, spec
+
+
+def _drop_dead_nodes(g):
+    """Drop nodes nothing depends on (ops whose results the function never used)."""
     live, keep = set(), []
     for x in g.outputs + [n for _, n in g.mutations]:
         if isinstance(x, Node):
@@ -369,4 +611,20 @@ def capture(fn, args: list, kwargs: dict | None = None):
                     if isinstance(y, Node):
                         live.add(y)
     g.nodes = list(reversed(keep))
-    return g, spec
+
+
+def call_aliasing(args, kwargs=None):
+    """`aliasing` of a call's tensors (CompiledFunction's key includes its pattern)."""
+    if not kwargs and not any(type(a) in (tuple, list, dict) for a in args):
+        tensors = [a for a in args if a.__class__ is Tensor]
+    else:
+        tensors = input_tensors(args, kwargs)
+    return aliasing(tensors) if len(tensors) > 1 else None
+
+
+def describe_aliasing(pattern) -> str:
+    """A key's aliasing part in words (for the recompiles log)."""
+    if pattern is None:
+        return "none"
+    return "; ".join(f"inputs {', '.join(map(str, positions))} share memory" + ("" if length else
+                     " (not as views of one buffer)") for positions, length, _ in pattern[1:])
