@@ -11,7 +11,10 @@ capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§
 → runtime.py (loading, §11.1 artifact cache). This module is the top of that stack (§2).
 
 Where to look:
-  - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit
+  - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit,
+                                            one compile per key across threads (a lock per function)
+  - `_reads_of`, `_guard_key` ............. §2 guards on what the function reads besides its arguments
+                                            (globals, closure cells, attributes): rebinding recompiles
   - `generate`, `Generated` .............. the generated code without running it
   - `_compile_graph` ..................... the pipeline, stage by stage, with STAX_LOGS output
 """
@@ -236,7 +239,7 @@ def _guard_key(v, lifted: list):
     cls = v.__class__
     if cls is builtins.int or cls is builtins.bool or (cls is builtins.float and v == v and v != 0):
         return (cls.__name__, v)        # (the common cases first: this runs on every call)
-    if cls is Tensor:
+    if isinstance(v, Tensor):
         for k, t in enumerate(lifted):
             if t is v:
                 return ("the same tensor as", k)
@@ -261,8 +264,9 @@ def _guard_key(v, lifted: list):
 def _frozen_key(v):
     """A value inside a container the function reads: tensors in it are frozen constants of the
     compiled code, guarded by identity (the entry keeps them alive, so ids stay unique)."""
-    if v.__class__ is Tensor:
-        return ("tensor object", id(v)) + _key_of(v)[1:]
+    if isinstance(v, Tensor):
+        m = v._meta
+        return ("tensor object", id(v), m.dtype.name, m.device, m.shape, m.stride)
     return _guard_key(v, [])
 
 
@@ -425,7 +429,7 @@ class CompiledFunction:
                    f"last change: {self._describe(key)}")
             if self.fullgraph:
                 raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
-            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=4)
+            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=3)
             self.artifacts[key] = None
             return None, key, lifted
         self.artifacts[key] = entry = self._build(key, args, kwargs, lifted, name)
