@@ -11,21 +11,28 @@ capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§
 → runtime.py (loading, §11.1 artifact cache). This module is the top of that stack (§2).
 
 Where to look:
-  - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit
+  - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit,
+                                            one compile per key across threads (a lock per function)
+  - `_reads_of`, `_guard_key` ............. §2 guards on what the function reads besides its arguments
+                                            (globals, closure cells, attributes): rebinding recompiles
   - `generate`, `Generated` .............. the generated code without running it
   - `_compile_graph` ..................... the pipeline, stage by stage, with STAX_LOGS output
 """
 from __future__ import annotations
 
 import builtins
+import dis
 import functools
+import math
 import os
 import sys
+import threading
 import time
+import types
 import warnings
 from dataclasses import dataclass
 
-import numpy as _np
+import numpy as np
 
 from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
@@ -72,6 +79,9 @@ def _key_of(x):
     if x.__class__ is Tensor:
         m = x._meta
         return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
+    if x.__class__ is builtins.float and (x != x or x == 0):
+        # -0.0 == 0.0 but 1/-0.0 is -inf; NaN != NaN would miss its own key on every call
+        return ("float", "nan" if x != x else x, math.copysign(1.0, x))
     # builtins.*: this module's globals `bool`, `int`, `float` are the dtype aliases stax.bool, ...
     if isinstance(x, (builtins.bool, builtins.int, builtins.float, str, type(None))):
         return (type(x).__name__, x)
@@ -79,7 +89,7 @@ def _key_of(x):
         return (type(x).__name__, tuple(_key_of(y) for y in x))
     if isinstance(x, dict):
         return ("dict", tuple((k, _key_of(v)) for k, v in x.items()))
-    if isinstance(x, _np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
+    if isinstance(x, np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
         return ("ndarray",)
     return ("object", id(x))
 
@@ -98,6 +108,179 @@ def _describe_change(old, new) -> str:
                     return f"argument {i}: tensor {what} changed from {a[k]} to {b[k]}"
         return f"argument {i} changed from {a[1:]!r} to {b[1:]!r}"
     return "the number of arguments changed"
+
+
+# ---- §2 Guards on what the function reads besides its arguments ----
+#
+# The function also reads globals, closure cells and attributes of them (`SCALE`, `cfg.eps`,
+# `self.weight`, and the same in the functions it calls). A traced graph bakes in what it read
+# then, so each call re-reads those values and adds them to the key: Python scalars (and other
+# plain values) by value, tensors by layout -- a tensor read this way is a constant *input* of the
+# compiled code, fed the tensor the name holds now, so a rebound or updated tensor is read fresh --,
+# numpy arrays by contents, functions and classes by identity. A change is a recompile, logged
+# under STAX_LOGS=recompiles with the name that changed. Reads the bytecode does not spell
+# (`globals()[name]`, `getattr(obj, name)`, items of a container argument) are not guarded.
+
+_LIBRARY_ROOTS = frozenset(sys.stdlib_module_names) | {"stax", "numpy", "torch", "sympy", "triton", "cffi"}
+_PLAIN = (builtins.bool, builtins.int, builtins.float, str, type(None))
+_NAMED = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
+_MAX_WALKED = 64    # functions walked for reads, per compiled function (deep call trees stop here)
+
+
+def _is_library(v) -> bool:
+    """A module, function or class of the standard library, numpy or stax: not the user's code."""
+    if not isinstance(v, _NAMED):
+        return False
+    name = v.__name__ if isinstance(v, types.ModuleType) else getattr(v, "__module__", None)
+    return isinstance(name, str) and name.partition(".")[0] in _LIBRARY_ROOTS
+
+
+@dataclass(frozen=True, eq=False)
+class _Read:
+    """One value the function reads: `root` (a globals dict, a closure cell, or the object bound
+    to `self`), then the attributes `attrs`. `base` is the variable's name, for the log."""
+    root: object
+    kind: str           # "global", "closure" or "object"
+    key: str            # the global's name (kind "global")
+    attrs: tuple
+    base: str
+
+    @property
+    def name(self) -> str:
+        return ".".join((self.base,) + self.attrs)
+
+    @property
+    def sig(self) -> tuple:
+        return (id(self.root), self.key, self.attrs)
+
+    def prefix(self, k: int):
+        return _Read(self.root, self.kind, self.key, self.attrs[:k], self.base)
+
+    def value(self):
+        if self.kind == "global":
+            v = self.root.get(self.key, _MISS)
+            if not self.attrs:
+                return v
+        elif self.kind == "closure":
+            try:
+                v = self.root.cell_contents
+            except ValueError:      # an empty cell: the variable is not assigned yet
+                return _MISS
+        else:
+            v = self.root
+        for a in self.attrs:
+            if v is _MISS:
+                break
+            v = getattr(v, a, _MISS)
+        return v
+
+
+def _chains(code):
+    """(root load instruction, attribute names) for each `X.a.b` (or plain `X`) load in `code`."""
+    out, chain = [], None
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+            chain[1].append(ins.argval)
+            continue
+        if chain is not None:
+            out.append((chain[0], tuple(chain[1])))
+            chain = None
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST"):
+            chain = (ins, [])
+    if chain is not None:
+        out.append((chain[0], tuple(chain[1])))
+    return out
+
+
+def _walk(fn, self_read, found: dict, walked: set):
+    """Add the reads of function `fn` and of its nested code (lambdas, comprehensions) to `found`."""
+    if isinstance(fn, types.MethodType):
+        fn, self_read = fn.__func__, self_read or _Read(fn.__self__, "object", "", (), "self")
+    fn = getattr(fn, "fn", fn)      # a CompiledFunction called inside is inlined: walk its function
+    code = getattr(fn, "__code__", None)
+    if code is None or id(fn) in walked or len(walked) >= _MAX_WALKED or _is_library(fn):
+        return
+    walked.add(id(fn))
+    glob, cells = fn.__globals__, dict(zip(code.co_freevars, fn.__closure__ or ()))
+    self_name = code.co_varnames[0] if self_read is not None and code.co_argcount else None
+    codes = [code]
+    while codes:
+        c = codes.pop()
+        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        for ins, attrs in _chains(c):
+            name, read = ins.argval, None
+            if ins.opname == "LOAD_GLOBAL" and (name in glob or not hasattr(builtins, name)):
+                read = _Read(glob, "global", name, attrs, name)
+            elif ins.opname == "LOAD_FAST" and c is code and name == self_name:
+                read = _Read(self_read.root, self_read.kind, self_read.key, self_read.attrs + attrs,
+                             self_read.base)
+            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and name in cells:
+                read = _Read(cells[name], "closure", "", attrs, name)
+            if read is not None:    # (else a builtin, a local, or a cell of fn's own)
+                _add_read(read, found, walked)
+
+
+def _add_read(read, found, walked):
+    """Record `read` and its prefixes (`cfg`, `cfg.eps`), and walk the functions they name."""
+    for k in range(len(read.attrs) + 1):
+        part = read.prefix(k)
+        v = part.value()
+        if _is_library(v):
+            return                  # stax.relu, math.pi, np.float32: library code, not guarded
+        found.setdefault(part.sig, part)
+        if isinstance(v, types.MethodType):
+            _walk(v, part.prefix(k - 1) if k else None, found, walked)
+        elif isinstance(v, types.FunctionType) or isinstance(v, CompiledFunction):
+            _walk(v, None, found, walked)
+
+
+def _reads_of(fn) -> tuple:
+    found: dict = {}
+    _walk(fn, None, found, set())
+    return tuple(found.values())
+
+
+def _guard_key(v, lifted: list):
+    """What the compiled code depends on in a value read from a global, closure or attribute."""
+    cls = v.__class__
+    if cls is builtins.int or cls is builtins.bool or (cls is builtins.float and v == v and v != 0):
+        return (cls.__name__, v)        # (the common cases first: this runs on every call)
+    if isinstance(v, Tensor):
+        for k, t in enumerate(lifted):
+            if t is v:
+                return ("the same tensor as", k)
+        lifted.append(v)
+        m = v._meta
+        return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
+    if isinstance(v, _PLAIN):
+        return _key_of(v)
+    if isinstance(v, (complex, bytes)):
+        return (type(v).__name__, v)
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_frozen_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", tuple((k, _frozen_key(x)) for k, x in v.items()))
+    if isinstance(v, (_NAMED, types.MethodType, CompiledFunction)):
+        return ("identity", id(getattr(v, "__func__", v)), id(getattr(v, "__self__", None)))
+    return ("unbound",) if v is _MISS else None   # other objects: the attributes read are guarded
+
+
+def _frozen_key(v):
+    """A value inside a container the function reads: tensors in it are frozen constants of the
+    compiled code, guarded by identity (the entry keeps them alive, so ids stay unique)."""
+    if isinstance(v, Tensor):
+        m = v._meta
+        return ("tensor object", id(v), m.dtype.name, m.device, m.shape, m.stride)
+    return _guard_key(v, [])
+
+
+def _describe_read_change(reads, old, new) -> str | None:
+    for r, a, b in zip(reads, old[1:], new[1:]):
+        if a != b:
+            return f"{r.name} changed from {a!r:.80} to {b!r:.80}"
+    return None
 
 
 # ---- The pipeline ----
@@ -174,18 +357,35 @@ def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Genera
 
 
 class CompiledFunction:
-    """`stax.compile(fn)`: one artifact per specialization key, guarded and cached."""
+    """`stax.compile(fn)`: one artifact per specialization key, guarded and cached.
+
+    The key covers the arguments and what the function reads besides them (`_reads_of`). Threads
+    may call one CompiledFunction at once: a miss compiles under the function's lock, so one key
+    is compiled once; different functions compile concurrently.
+    """
 
     def __init__(self, fn, fullgraph: bool, mode, options):
         functools.update_wrapper(self, fn)
         self.fn, self.fullgraph, self.mode, self.options = fn, fullgraph, mode, options or {}
-        self.artifacts: dict = {}       # key -> (call, output spec) or None for "run eagerly"
+        self.artifacts: dict = {}       # key -> (call, output spec, flat, constants, lifts, reads) or None: eager
         self.constants: dict = {}       # key -> real tensors the function closed over (lifted inputs)
+        self.reads = None               # what the function reads besides its arguments (`_Read`s)
         self.stats = {"compiles": 0, "calls": 0, "eager_calls": 0, "compile_seconds": 0.0}
         self.last_generated = None
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
+        self._lock = threading.RLock()
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
+
+    def _key(self, args, kwargs, lifted, alias):
+        key = tuple([_key_of(a) for a in args])
+        if kwargs:
+            key += tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
+        if alias is not None:                   # which tensor inputs share memory, and how
+            key += (alias.pattern,)
+        if self.reads:
+            key += (("reads",) + tuple([_guard_key(r.value(), lifted) for r in self.reads]),)
+        return key
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
@@ -193,42 +393,69 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
-        key = tuple([_key_of(a) for a in args])
-        if kwargs:
-            key += tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
+        if self.reads is None:
+            with self._lock:
+                if self.reads is None:
+                    self.reads = _reads_of(self.fn)
+        lifted = []                             # tensors read from globals/closures/attributes
         alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
-        if alias is not None:
-            key += (alias.pattern,)
+        key = self._key(args, kwargs, lifted, alias)
         entry = self.artifacts.get(key, _MISS)
         if entry is _MISS:
-            entry = self._compile(key, args, kwargs)
+            with self._lock:
+                entry, key, lifted = self._compile(key, args, kwargs, lifted)
         if entry is None:
             self.stats["eager_calls"] += 1
             return self.fn(*args, **kwargs)
-        call, spec, flat = entry
+        call, spec, flat, consts, lifts, _ = entry
         # the common call, tensors and scalars passed positionally, skips walking nested arguments
         inputs = [a for a in args if a.__class__ is Tensor] if flat and not kwargs else \
             _capture.input_tensors(args, kwargs)
+        if lifts:                               # the tensors those names hold now, not at capture
+            consts = list(consts)
+            for pos, k in lifts:
+                consts[pos] = lifted[k]
         if alias is None:
-            outs = call(inputs + self.constants[key])
+            outs = call(inputs + consts)
             return _capture.unflatten(spec, iter(outs), inputs)
-        outs = call(alias.call_inputs(inputs) + self.constants[key])
+        outs = call(alias.call_inputs(inputs) + consts)
         return _capture.unflatten(spec, iter(outs), alias.sources(inputs))
 
-    def _compile(self, key, args, kwargs):
-        from .capture import GraphBreak, capture
+    def _compile(self, key, args, kwargs, lifted):
+        """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
+        entry = self.artifacts.get(key, _MISS)
+        if entry is not _MISS:
+            return entry, key, lifted
+        reads = _reads_of(self.fn)              # a function read may have been rebound: read again
+        if [r.sig for r in reads] != [r.sig for r in self.reads]:
+            self.reads, lifted = reads, []
+            key = self._key(args, kwargs, lifted, _capture.call_aliasing(args, kwargs))
+            entry = self.artifacts.get(key, _MISS)
+            if entry is not _MISS:
+                return entry, key, lifted
         name = getattr(self.fn, "__name__", "fn")
         if self.artifacts:
-            old = next(reversed(self.artifacts))
-            _log("recompiles", name, f"recompiling {name}: {_describe_change(old, key)}")
+            _log("recompiles", name, f"recompiling {name}: {self._describe(key)}")
         if len(self.artifacts) >= RECOMPILE_LIMIT:
             msg = (f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); "
-                   f"last change: {_describe_change(next(reversed(self.artifacts)), key)}")
+                   f"last change: {self._describe(key)}")
             if self.fullgraph:
                 raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
             warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=3)
             self.artifacts[key] = None
-            return None
+            return None, key, lifted
+        self.artifacts[key] = entry = self._build(key, args, kwargs, lifted, name)
+        return entry, key, lifted
+
+    def _describe(self, key) -> str:
+        old = next(reversed(self.artifacts))
+        if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
+            return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
+        return _describe_change(old, key)
+
+    def _build(self, key, args, kwargs, lifted, name):
+        """Capture, compile and load one specialization: its artifact entry (None: run eagerly)."""
+        from .capture import GraphBreak, capture
         t0 = time.perf_counter()
         try:
             graph, spec = capture(self.fn, list(args), kwargs)
@@ -238,20 +465,24 @@ class CompiledFunction:
                                  "Replace the data-dependent branch with stax.where(...), or drop "
                                  "fullgraph=True to run the function eagerly.") from None
             _log("graph", name, f"graph break, running eagerly: {e}")
-            self.artifacts[key] = None
             return None
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
-        self.constants[key] = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
+        consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
+        # a constant that is a tensor read from a global/closure/attribute is fed from it each call
+        lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
+        self.constants[key] = consts
         flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
                                                              str, type(None))) for a in args)
-        self.artifacts[key] = (call, spec, flat)
         self.last_generated = gen
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
-        _log("guards", name, "specialized on: " + "; ".join(repr(k) for k in key))
-        return self.artifacts[key]
+        args_key, reads_key = (key[:-1], key[-1][1:]) if self.reads else (key, ())
+        _log("guards", name, "specialized on: " + "; ".join(repr(k) for k in args_key) +
+             "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
+        # the values read are kept alive: a function or object guarded by id keeps its id unique
+        return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
 
 
 def compile(fn=None, *, dynamic: bool = False, fullgraph: bool = False, mode=None, options=None):

@@ -99,6 +99,8 @@ def _user_frame() -> str:
 
 
 class Tracer:
+    lifts_constants = True      # ops on real (global/closure) tensors are recorded, not run (tensor._dispatch)
+
     def __init__(self):
         self.graph = Graph()
         self.counts: dict = {}

@@ -217,12 +217,31 @@ class CppPrinter(Printer):
         """x ** c for small constant c is multiplication (vectorizes, and exact as in eager)."""
         if a.dtype.is_floating_point and b.name in (cliteral(2, a.dtype), cliteral(3, a.dtype)):
             return self.emit(f"({a} * {a})" if b.name == cliteral(2, a.dtype) else f"({a} * {a} * {a})", a.dtype)
+        self._may_fail(a, b, KERNEL_ERRORS["pow"], lambda c: c >= 0)
         return self._helper("stax_pow", a, b)
 
     def maximum(self, a, b): return self._helper("stax_max", a, b)
     def minimum(self, a, b): return self._helper("stax_min", a, b)
-    def floordiv(self, a, b): return self._helper("stax_floordiv", a, b)
-    def remainder(self, a, b): return self._helper("stax_remainder", a, b)
+
+    def floordiv(self, a, b):
+        self._may_fail(a, b, KERNEL_ERRORS["floordiv"], lambda c: c != 0)
+        return self._helper("stax_floordiv", a, b)
+
+    def remainder(self, a, b):
+        self._may_fail(a, b, KERNEL_ERRORS["remainder"], lambda c: c != 0)
+        return self._helper("stax_remainder", a, b)
+
+    def _may_fail(self, a, b, error, safe):
+        """An integer op whose operand `b` is not a constant known `safe`: the kernel may set an
+        error bit (cpp_prelude.h stax_set_error) that the wrapper checks after the launch."""
+        if a.dtype.is_floating_point:
+            return
+        try:
+            if safe(int(b.name.rstrip("L"))):
+                return
+        except ValueError:
+            pass
+        self.kernel.errors.add(error)
 
 
 # ---- §8 A kernel being printed: its buffers, loops and indices ----
@@ -242,6 +261,7 @@ class CppKernel:
         self.steps: list = []          # Prop. 6.3 merges, applied to every printed index
         self.counter = [0]
         self.target = {w: i for i, w in sched.lowered.mutations}   # write-back -> input it updates
+        self.errors: set = set()       # KERNEL_ERRORS entries this kernel may raise at run time
 
     def final(self, expr):
         """An index expression over the printed loops: simplified, merged loops substituted."""
@@ -607,12 +627,16 @@ STAX_INLINE double stax_abs(double x) { return __builtin_fabs(x); }
 STAX_INLINE float stax_pow(float a, float b) { return powf(a, b); }
 STAX_INLINE double stax_pow(double a, double b) { return pow(a, b); }
 template <class T> STAX_INLINE T stax_pow(T a, T b) {
-    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    if (b < 0) {
+        stax_set_error(STAX_ERR_NEG_POW);
+        return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    }
     T r = 1;
     for (; b; b >>= 1, a *= a) if (b & 1) r *= a;
     return r;
 }
 extern "C" void stax_set_num_threads(int n) { omp_set_num_threads(n); }
+extern "C" int stax_take_errors(void) { return __atomic_exchange_n(&stax_errors, 0, __ATOMIC_RELAXED); }
 
 """
 
@@ -633,6 +657,24 @@ class CppModule:
 
     def __str__(self):
         return "\n".join(self.kernels.values()) + "\n\n# ---- wrapper ----\n" + self.wrapper
+
+
+# errors eager raises that a kernel detects only while running: (bit of cpp_prelude.h's
+# stax_errors, the exception the wrapper raises, as op_table's eager implementation does)
+KERNEL_ERRORS = {"floordiv": (1, 'RuntimeError("ZeroDivisionError")'),
+                 "remainder": (1, 'RuntimeError("ZeroDivisionError")'),
+                 "pow": (2, 'ValueError("Integers to negative integer powers are not allowed.")')}
+_TAKE_ERRORS = "int stax_take_errors(void);"
+
+
+def _error_checks(errors, cdefs) -> list:
+    """Wrapper lines after a launch that may have set error bits: take them, raise eager's error."""
+    if not errors:
+        return []
+    if _TAKE_ERRORS not in cdefs:
+        cdefs.append(_TAKE_ERRORS)
+    return ["errors = kernels.stax_take_errors()"] + \
+        [f"if errors & {bit}: raise {exc}" for bit, exc in sorted(errors)]
 
 
 def _wrapper(sched, calls) -> str:
@@ -665,6 +707,7 @@ def generate(sched) -> CppModule:
                     call.append(f"{name} = empty({pyshape(b.layout.shape)}, {b.dtype.name})")
                     new.add(name)
             call.append(f"kernels.{k.name}({', '.join([f'ptr({p})' for p in params] + syms)})")
+            call += _error_checks(k.errors, cdefs)
         allocated |= new
         calls.append((g.index, call, new))
     return CppModule(kernels, _wrapper(sched, calls), cdefs, sched)

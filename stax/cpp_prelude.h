@@ -279,18 +279,28 @@ template <class T> STAX_INLINE T stax_sign(T x) {
 STAX_INLINE float stax_rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
 STAX_INLINE double stax_rsqrt(double x) { return 1.0 / __builtin_sqrt(x); }
 
+// Errors eager raises that only show while a kernel runs (an integer division by a zero element,
+// an integer to a negative power): the kernel sets a bit here, and the wrapper takes the bits
+// after the launch (stax_take_errors, codegen_cpp.py) and raises eager's exception. One word per
+// loaded module; relaxed atomics, as many OpenMP threads may set it.
+#define STAX_ERR_ZERO_DIV 1
+#define STAX_ERR_NEG_POW 2
+static int stax_errors = 0;
+STAX_INLINE void stax_set_error(int bit) { __atomic_fetch_or(&stax_errors, bit, __ATOMIC_RELAXED); }
+
 // floordiv / remainder with Python semantics (torch.floor_divide / torch.remainder): the quotient
 // is rounded towards -inf and the remainder has the sign of the divisor. Integers: b == 0 gives 0
-// (as numpy does; no SIGFPE), b == -1 is handled without overflow.
+// (as numpy does; no SIGFPE) and sets STAX_ERR_ZERO_DIV; b == -1 is handled without overflow.
 template <class T> STAX_INLINE T stax_floordiv(T a, T b) {
-    if (b == T(0)) return T(0);
+    if (b == T(0)) { stax_set_error(STAX_ERR_ZERO_DIV); return T(0); }
     if (b == T(-1)) return (T)(T(0) - a);  // INT_MIN / -1 wraps like numpy instead of trapping
     T q = a / b;
     T r = a % b;
     return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? (T)(q - T(1)) : q;
 }
 template <class T> STAX_INLINE T stax_remainder(T a, T b) {
-    if (b == T(0) || b == T(-1)) return T(0);
+    if (b == T(0)) { stax_set_error(STAX_ERR_ZERO_DIV); return T(0); }
+    if (b == T(-1)) return T(0);
     T r = a % b;
     return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? (T)(r + b) : r;
 }

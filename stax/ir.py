@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+import threading
 from typing import Callable
 
 import sympy
@@ -36,17 +37,24 @@ from .dtypes import bfloat16, bool_, float16, float32
 # ---- §6 The ops handler: a swappable object that inner_fn bodies call ----
 
 
+class _Handler(threading.local):
+    """The installed handler, one per thread: threads lowering and printing at once (several
+    functions compiled concurrently) each run their own `inner_fn`s against their own handler."""
+    handler = None
+
+
+_current = _Handler()
+
+
 class _Ops:
-    """`ops.<name>(...)` forwards to the handler installed by `set_handler`.
+    """`ops.<name>(...)` forwards to the handler installed by `set_handler` (in this thread).
 
     The IR is define-by-run: the same `inner_fn` is run once with an IR-printing handler, once with
     a C++-printing handler, once with a Triton-printing handler, and so on.
     """
 
-    handler = None
-
     def __getattr__(self, name):
-        return getattr(_Ops.handler, name)
+        return getattr(_current.handler, name)
 
 
 ops = _Ops()
@@ -59,11 +67,11 @@ class set_handler:
         self.handler = handler
 
     def __enter__(self):
-        self.prev, _Ops.handler = _Ops.handler, self.handler
+        self.prev, _current.handler = _current.handler, self.handler
         return self.handler
 
     def __exit__(self, *exc):
-        _Ops.handler = self.prev
+        _current.handler = self.prev
 
 
 # ---- §6 Index expressions ----

@@ -64,8 +64,38 @@ def _load_from(name, dtype, layout: Layout):
     return loader
 
 
+class ScalarOverflowError(RuntimeError, OverflowError):
+    """A Python int that does not fit the integer dtype it is computed in. Eager raises
+    OverflowError (numpy), PyTorch RuntimeError: this is both, so either `except` catches it."""
+
+
+def _check_scalar(x, dtype):
+    """A Python int operand must fit the integer dtype it is computed in (eager raises; a C++ or
+    Triton literal would wrap)."""
+    if dtype.is_floating_point or dtype == bool_ or isinstance(x, bool) or not isinstance(x, int):
+        return
+    bits = dtype.itemsize * 8
+    if not -2 ** (bits - 1) <= x < 2 ** (bits - 1):
+        raise ScalarOverflowError(f"value cannot be converted to type int{bits}_t without overflow: "
+                                  f"the Python int {x} does not fit {dtype.name} (eager raises too). Use "
+                                  "a float scalar, or a wider dtype where it fits")
+
+
 def _scalar_value(x, dtype):
+    _check_scalar(x, compute_dtype(dtype))
     return Value((), dtype, lambda idx: ops.constant(x, compute_dtype(dtype)))
+
+
+def _check_int_operands(op, args, common):
+    """Eager's integer errors that the operands show at compile time: `//` or `%` by a constant
+    zero, and an integer to a constant negative power (op_table's _int_div_check, numpy's power)."""
+    if common.is_floating_point or len(args) != 2 or isinstance(args[1], Value):
+        return
+    b = args[1]
+    if op in ("floordiv", "remainder") and b == 0:
+        raise RuntimeError("ZeroDivisionError")
+    if op == "pow" and isinstance(b, int) and b < 0:
+        raise ValueError("Integers to negative integer powers are not allowed.")
 
 
 # ---- §6 Views as index rewriting (never copies) ----
@@ -183,6 +213,7 @@ def _lower_pointwise(node, args) -> Value:
     if op in _FLOAT_ONLY and not common.is_floating_point:
         common = float32
     cdt = compute_dtype(common)
+    _check_int_operands(op, args, common)
     rounds = [_half_rule(x, common) for x in args]
     vals = [_operand(x, cdt) for x in args]
     loaders = [_broadcast_loader(v, out_shape) for v in vals]
@@ -220,6 +251,7 @@ def _as_meta(x):
 def _lower_factory(node) -> Value:
     p, shape, dtype = node.params, tuple(node.meta.shape), node.meta.dtype
     if node.op == "full":
+        _check_scalar(p["value"], compute_dtype(dtype))
         return Value(shape, dtype, lambda idx: ops.constant(p["value"], compute_dtype(dtype)))
     # arange: value = start + step * i0
     return Value(shape, dtype, lambda idx: ops.index_expr(

@@ -23,7 +23,7 @@ the tracer can replay them functionally.
 Where to look:
   - data types and promotion:  dtypes.py (DType, promote_types); result_type here
   - metadata and storage:      Meta, Storage, Tensor
-  - the tracer hook:           TRACER, current_tracer, set_tracer
+  - the tracer hook:           current_tracer, set_tracer (one tracer per thread)
   - the choke point:           _dispatch, _run_eager, EAGER, VIEW_OPS, PRIMITIVES (views of op_table.OPS)
   - factories:                 tensor, from_numpy, full, zeros, empty, arange, randn
   - writes:                    _write (the in-place methods and __setitem__ are in tensor_ops.py)
@@ -32,6 +32,7 @@ Where to look:
 import builtins as _b
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,19 +56,24 @@ def __getattr__(name):
 
 # ---- Metadata, storage, the Tensor ----
 
-TRACER = None        # installed by capture.py (set_tracer) while tracing; see the module docstring
+class _TracerSlot(threading.local):
+    """The tracer installed by capture.py (set_tracer) while tracing, one per thread: a thread
+    capturing a function must not turn other threads' eager ops into proxies."""
+    tracer = None
+
+
+_TLS = _TracerSlot()
 _NUM_THREADS = os.cpu_count() or 1
 
 
 def current_tracer():
-    """The tracer recording ops right now, or None when ops run eagerly."""
-    return TRACER
+    """The tracer recording ops in this thread right now, or None when ops run eagerly."""
+    return _TLS.tracer
 
 
 def set_tracer(tracer):
-    """Install `tracer` (None: run eagerly); returns the previous one, to restore afterwards."""
-    global TRACER
-    prev, TRACER = TRACER, tracer
+    """Install `tracer` in this thread (None: run eagerly); returns the previous one, to restore."""
+    prev, _TLS.tracer = _TLS.tracer, tracer
     return prev
 
 
@@ -189,11 +195,16 @@ class Tensor:
         return self.shape[0]
 
     # data access: a proxy has no data, so each of these is a graph break while tracing
-    def _need_data(self, what):
+    def _need_data(self, what, user=False):
+        tracer = _TLS.tracer
         if self._node is not None:
-            if TRACER is not None:
-                TRACER.graph_break(f"{what} needs tensor data")
+            if tracer is not None:
+                tracer.graph_break(f"{what} needs tensor data")
             raise RuntimeError(f"{what} needs tensor data, but this is a proxy tensor")
+        if user and tracer is not None and getattr(tracer, "lifts_constants", False):
+            # a real (global or closure) tensor read while tracing: its value would be frozen into
+            # the compiled code, and a later in-place update of it silently ignored
+            tracer.graph_break(f"{what} reads the data of a tensor the function closed over")
 
     def _np(self):
         """Storage-form strided numpy view (shares memory)."""
@@ -207,7 +218,7 @@ class Tensor:
         return _to_compute_form(self._np(), self.dtype)
 
     def numpy(self):
-        self._need_data("numpy()")
+        self._need_data("numpy()", user=True)
         if self.device != "cpu":
             raise TypeError(f"can't convert {self.device}:0 device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
@@ -216,37 +227,37 @@ class Tensor:
         return self._np()
 
     def __array__(self, dtype=None, copy=None):
-        self._need_data("__array__")
+        self._need_data("__array__", user=True)
         a = self._compute() if self.dtype is bfloat16 else self._np()
         return a if dtype is None else a.astype(dtype)
 
     def tolist(self):
-        self._need_data("tolist()")
+        self._need_data("tolist()", user=True)
         return self._compute().tolist()
 
     def item(self):
-        self._need_data("item()")
+        self._need_data("item()", user=True)
         n = self.numel()
         if n != 1:
             raise RuntimeError(f"a Tensor with {n} elements cannot be converted to Scalar")
         return self._compute().reshape(-1)[0].item()
 
     def __bool__(self):
-        self._need_data("bool()")
+        self._need_data("bool()", user=True)
         if self.numel() != 1:
             raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
         return _b.bool(self.item())
 
     def __float__(self):
-        self._need_data("float()")
+        self._need_data("float()", user=True)
         return _b.float(self.item())
 
     def __int__(self):
-        self._need_data("int()")
+        self._need_data("int()", user=True)
         return _b.int(self.item())
 
     def __index__(self):
-        self._need_data("__index__")
+        self._need_data("__index__", user=True)
         if self.dtype.is_floating_point or self.numel() != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
         return _b.int(self.item())
@@ -325,6 +336,12 @@ def _is_proxy(x):
     return isinstance(x, Tensor) and x._node is not None
 
 
+def _has_tensor(x):
+    if isinstance(x, (list, tuple)):
+        return _b.any(_has_tensor(i) for i in x)
+    return isinstance(x, Tensor)
+
+
 def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool, _b.int, _b.float)):
@@ -359,8 +376,13 @@ EAGER = {name: d.eager for name, d in OPS.items() if d.eager is not None}
 
 def _dispatch(op, inputs, params, metas):
     """Run one primitive op: record it while tracing a proxy, else run EAGER[op] (or share storage)."""
-    if TRACER is not None and (op in FACTORY_OPS or _is_proxy(inputs)):
-        outs = TRACER.record(op, inputs, params, metas)
+    tracer = _TLS.tracer
+    # a tracer that `lifts_constants` (capture.py's) records ops on real tensors too, making them
+    # constant inputs: an op on a global tensor computed now would freeze its value, missing later
+    # in-place updates of it
+    if tracer is not None and (op in FACTORY_OPS or _is_proxy(inputs) or
+                               (_has_tensor(inputs) and getattr(tracer, "lifts_constants", False))):
+        outs = tracer.record(op, inputs, params, metas)
     elif op in VIEW_OPS:
         outs = [Tensor._make(inputs[0]._storage, metas[0])]
     else:
@@ -473,7 +495,7 @@ def from_numpy(a):
 
 def _factory(op, params, shape, dtype, device):
     device = _DEFAULT_DEVICE if device is None else _norm_device(device)
-    if device != "cpu" and TRACER is None:   # made on the host, then copied to the device
+    if device != "cpu" and _TLS.tracer is None:   # made on the host, then copied to the device
         return _move(_op(op, [], params, _meta(shape, dtype)), device)
     return _op(op, [], params, _meta(shape, dtype, device))
 
@@ -497,7 +519,7 @@ def empty(*size, dtype=None, device=None):
     `full` node while tracing, so a graph never reads garbage."""
     size, dtype = _shape_args(size), dtype or float32
     device = _DEFAULT_DEVICE if device is None else _norm_device(device)
-    if TRACER is not None:
+    if _TLS.tracer is not None:
         return zeros(size, dtype=dtype, device=device)
     if device != "cpu":
         from . import cuda
@@ -547,8 +569,9 @@ def randn(*size, dtype=None, device=None):
 
 def _write(target, value):
     """Store `value` (already target's shape and dtype) into target's storage, through its view."""
-    if TRACER is not None and (_is_proxy(target) or _is_proxy(value)):
-        TRACER.mutate(target, value)
+    tracer = _TLS.tracer
+    if tracer is not None and (_is_proxy(target) or _is_proxy(value)):
+        tracer.mutate(target, value)
         return
     if _b.any(st == 0 and s > 1 for s, st in zip(target.shape, target._meta.stride)):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
