@@ -19,7 +19,10 @@ Where to look:
     reinterpret_tensor()
   - `AsyncCompile` .............................. Listing 9.6's `async_compile`: kernel handles
     (compiled at first launch), carrying `stax.compile`'s mode and options to each kernel
-  - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes
+  - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes: a record sealed with
+    its sha256 and checked for structure when read back; a bad one is logged, removed, regenerated
+  - `_exec_wrapper` ............................. runs the wrapper's text itself (cache.exec_source),
+    never the file mirrored beside it in `<cache>/py`
 """
 from __future__ import annotations
 

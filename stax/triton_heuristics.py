@@ -18,14 +18,16 @@ Under TRITON_INTERPRET=1 the same call runs in Triton's interpreter on host memo
 
 Consumes: a kernel's text (its decorator's arguments are read without importing triton), the
 kernel's arguments at launch, `mode`/`options` of `stax.compile`. Produces: launches; the records of
-Algorithm 9.1 under `<cache>/autotune`, cubins under `<cache>/cubin`.
+Algorithm 9.1 under `<cache>/autotune`, cubins under `<cache>/cubin` (JSON metadata + the cubin's
+bytes, never pickle), each sealed with its sha256 and checked when read back (cache.read_sealed).
 
 Where to look:
   - `HEADER` ............................. the imports a kernel file opens with
   - `candidates`, `default_config`, `grid_for`, `tuning_space`  any kernel kind, templates included
   - `CachingAutotuner.run` ............... the launch hot path; `_slow_run` the first launch
   - `CachingAutotuner._autotune` ......... Algorithm 9.1 (records, candidates, CUDA-event timing)
-  - `CachingAutotuner._compile` .......... the cubin cache
+  - `CachingAutotuner._compile` .......... the cubin cache (`_save_cubin`, `_load_cubin`; records:
+    `_load_choice`); `_exec_kernel_source` runs a kernel's checked text (cache.exec_source)
   - `MultiKernel` ........................ §9.4 a multi-pass row's two forms, measured at first launch
   - `_InterpTensor` ...................... the adapter Triton's interpreter sees for a "cuda" tensor
   - `kernel_from_source`, `pointwise` / `reduction` / `persistent_reduction` / `template`
