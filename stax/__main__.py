@@ -263,12 +263,16 @@ def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True
 
 def _cache(action: str) -> int:
     from . import cache
-    if action == "clear":
+    try:
         root = cache.cache_dir()
-        n = cache.clear_cache()
-        print(f"stax: removed {n} file(s) from {root}")
-    elif action == "dir":
-        print(cache.cache_dir())
+        if action == "clear":
+            n = cache.clear_cache()
+            print(f"stax: removed {n} file(s) from {root} (Stax's subfolders only)")
+        elif action == "dir":
+            print(root)
+    except cache.CacheError as e:
+        print(f"stax cache {action}: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -282,7 +286,8 @@ def _parser() -> argparse.ArgumentParser:
                "  python -m stax run my_script.py --show graph,ir -- --my-flag 3\n"
                "  python -m stax cache clear\n"
                "environment: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles "
-               "(stages to print), STAX_CACHE_DIR (default ~/.cache/stax), CXX, STAX_CXXFLAGS",
+               "(stages to print), STAX_CACHE_DIR (default ~/.cache/stax), CXX, STAX_CXXFLAGS, "
+               "STAX_COMPILE_TIMEOUT (seconds, default 300)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{run,cache}")
     r = sub.add_parser("run", help="run a Python script with Stax's stages shown, then summarize",
@@ -302,7 +307,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="arguments for the script, after `--`")
     c = sub.add_parser("cache", help="manage the kernel cache ($STAX_CACHE_DIR or ~/.cache/stax)")
     c.add_argument("action", choices=["clear", "dir"],
-                   help="clear: delete every cached kernel and wrapper; dir: print the cache folder")
+                   help="clear: delete every cached kernel, wrapper and record (only the subfolders "
+                        "Stax made; the folder must carry Stax's CACHEDIR.TAG); dir: print the cache folder")
     return p
 
 

@@ -15,58 +15,199 @@ identity: path, version, flags and host CPU), written atomically (temp file in t
 then ``os.replace``), so that concurrent processes never see a half-written file and a cache
 never serves a binary built for another compiler or CPU.
 
+Nothing read back is trusted until checked. Each entry's sha256 is recorded when it is written:
+on the entry's first line (``write_sealed``/``read_sealed``: artifact records, tuning records,
+cubins) or, for a library that must stay a plain ELF file, in ``<key>.so.sha256``, checked before
+the dlopen. An entry that fails (truncated, edited, garbage) is logged (StaxCacheWarning),
+removed and rebuilt. Generated Python runs from the checked text itself (``exec_source``), never
+from the file beside it. The root is created with mode 0700 and marked (``CACHEDIR.TAG``); a
+folder others can write, or a non-empty one Stax did not mark, is refused (CacheError), and
+``clear_cache`` removes only Stax's own subfolders.
+
 Where to look: ``load_cpp`` is the whole compile-and-load path; ``compiler_identity`` is what
 enters every native cache key; ``CXXFLAGS`` are the flags (``STAX_CXXFLAGS`` appends more);
-``<cache>/cpp/<key>.cpp`` is the exact source that was compiled, kept beside ``<key>.so``.
+``<cache>/cpp/<key>.cpp`` is the exact source that was compiled, kept beside ``<key>.so``;
+``_failure`` decides whom a failed compile blames (a trivial file built the same way);
+``compile_timeout`` (``STAX_COMPILE_TIMEOUT``) stops a hung compiler; ``cache_dir`` and
+``_check_private`` are the folder rules; ``sweep_stale`` removes what killed compiles left.
 """
 
 from __future__ import annotations
 
 import hashlib
+import linecache
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
+import time
+import types
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
-    "cache_dir", "atomic_write", "content_hash", "clear_cache", "cxx_compiler",
-    "compiler_identity", "cxx_flags", "CXXFLAGS", "CppCompileError", "load_cpp", "prelude",
-    "storage_ctype",
+    "cache_dir", "folder", "atomic_write", "content_hash", "clear_cache", "write_sealed", "read_sealed",
+    "discard", "exec_source", "CacheError", "StaxCacheWarning", "cxx_compiler", "compiler_identity",
+    "cxx_flags", "CXXFLAGS", "CppCompileError", "compile_timeout", "load_cpp", "prelude", "storage_ctype",
 ]
 
-# ---- §11.1 Content-addressed cache ----
+# ---- §11.1 Content-addressed cache: where, and whose ----
+
+FORMAT = "2"        # enters every key: entries of the older, unchecked layout are never read
+MARKER = "CACHEDIR.TAG"
+_MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+                "# This file is a cache directory tag created by Stax (a tensor-program compiler).\n"
+                "# `python -m stax cache clear` removes only Stax's subfolders of this folder.\n"
+                "# For information about cache directory tags see https://bford.info/cachedir/\n")
+SUBDIRS = ("cpp", "py", "kernels", "artifacts", "autotune", "cubin", "tmp")   # everything Stax writes
+
+
+class CacheError(RuntimeError):
+    """The cache folder cannot be used: it is a file, not Stax's, or others can write to it."""
+
+
+class StaxCacheWarning(UserWarning):
+    """A cache entry failed its check (damaged, truncated, edited): it was removed and is rebuilt."""
+
+
+_roots: dict = {}           # $STAX_CACHE_DIR -> its checked root (one check per process)
+_checked: set = set()       # subfolders whose owner and mode were checked
 
 
 def cache_dir() -> Path:
-    """The cache root: ``$STAX_CACHE_DIR`` or ``~/.cache/stax``, created on demand."""
-    env = os.environ.get("STAX_CACHE_DIR")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "stax"
-    root.mkdir(parents=True, exist_ok=True)
+    """The cache root: ``$STAX_CACHE_DIR`` or ``~/.cache/stax``, created on demand (mode 0700,
+    marked with a ``CACHEDIR.TAG`` naming Stax). Raises CacheError for a path that is a file, a
+    non-empty folder that Stax did not mark, or a folder that another user owns or can write."""
+    env = os.environ.get("STAX_CACHE_DIR") or None
+    root = _roots.get(env)
+    if root is None:
+        root = _roots[env] = _prepare_root(env)
     return root
 
 
-def atomic_write(path, data) -> Path:
-    """Write ``data`` (bytes or str) to ``path`` atomically: a temp file in the same folder, then
-    ``os.replace``. Readers see the old file or the whole new one, never a partial one."""
+def _prepare_root(env) -> Path:
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "stax"
+    what = f"STAX_CACHE_DIR={env!r}" if env else f"Stax's cache folder {str(root)!r}"
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{what} names a file, not a folder. Set STAX_CACHE_DIR to a folder "
+                         "(Stax creates it if missing), or unset it to use ~/.cache/stax.")
+    created = False
+    if not root.is_dir():
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=0o700)
+            created = True
+        except FileExistsError:
+            pass                     # another process made it first
+        except OSError as e:
+            raise CacheError(f"cannot create {what}: {e}. Set STAX_CACHE_DIR to a folder you can "
+                             "write.") from None
+    _check_private(root, what)
+    if not _is_marked(root):
+        # the default folder is Stax's by its name; any other must be new or empty to be taken
+        if env and not created and any(not _is_temp(p.name) for p in root.iterdir()):
+            raise CacheError(
+                f"{what} is not a Stax cache: the folder is not empty and has no {MARKER} naming "
+                "Stax, so Stax will neither write into it nor clear it. Point STAX_CACHE_DIR at a "
+                "new or empty folder (Stax marks it), or at an existing Stax cache.")
+        atomic_write(root / MARKER, _MARKER_TEXT, _root=root)
+    return root
+
+
+def _is_marked(root: Path) -> bool:
+    try:
+        text = (root / MARKER).read_text(errors="replace")
+    except OSError:
+        return False
+    return text.startswith("Signature: 8a477f597d28d172789f06886806bc55") and "Stax" in text
+
+
+def _check_private(path: Path, what: str) -> None:
+    """Stax loads native code from the cache: refuse a folder that someone else could write."""
+    if not hasattr(os, "getuid"):
+        return                       # no POSIX owners and modes (Windows)
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        raise CacheError(f"{what}: {path} belongs to another user (uid {st.st_uid}); Stax will "
+                         "not load code from it. Set STAX_CACHE_DIR to a folder of your own.")
+    if st.st_mode & 0o022:
+        raise CacheError(f"{what}: {path} can be written by other users (mode "
+                         f"{oct(st.st_mode & 0o777)}), so Stax will not load code from it. Run "
+                         f"`chmod go-w {path}` (Stax creates its folders with mode 0700), or set "
+                         "STAX_CACHE_DIR to a private folder.")
+
+
+def folder(name: str) -> Path:
+    """``<cache>/<name>`` (one of SUBDIRS), its owner and mode checked once per process when it
+    exists. It may not exist: writers create it (``atomic_write``), readers see a miss."""
+    path = cache_dir() / name
+    if path not in _checked and path.is_dir():
+        _check_private(path, "the cache folder")
+        _checked.add(path)
+    return path
+
+
+def _make_folder(path: Path, root: Path | None = None) -> None:
+    """Create a cache folder (mode 0700); recreate the root, marked, if it was deleted meanwhile."""
+    if path.is_dir():
+        return
+    root = root or _roots.get(os.environ.get("STAX_CACHE_DIR") or None)
+    if root is not None and (path == root or root in path.parents) and not root.is_dir():
+        _roots.clear()               # deleted under us: make it again, private and marked
+        _checked.clear()
+        cache_dir()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+# ---- §11.1 Writing: atomic, temp names that say whose they are ----
+
+_NODE = re.sub(r"[^A-Za-z0-9-]", "-", platform.node())[:40] or "host"
+_TEMP = re.compile(r"\.(\d+)@([A-Za-z0-9-]*)\.")     # `.<pid>@<host>.` inside a temp name
+STALE_SECONDS = 3600        # a temp file or work folder this old is left over, whoever made it
+
+
+def _temp_tag() -> str:
+    return f".{os.getpid()}@{_NODE}."
+
+
+def _is_temp(name: str) -> bool:
+    return name.endswith(".tmp") or bool(_TEMP.match("." + name))
+
+
+def atomic_write(path, data, _root=None) -> Path:
+    """Write ``data`` (bytes or str) to ``path`` atomically: a temp file in the same folder (its
+    name carries this process's id), then ``os.replace``. Readers see the old file or the whole
+    new one, never a partial one. A folder removed meanwhile (``cache clear``) is made again."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
+    for attempt in range(3):
+        _make_folder(path.parent, _root)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + _temp_tag(),
+                                       suffix=".tmp")
+        except FileNotFoundError:
+            continue                 # the folder vanished between mkdir and mkstemp
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            return path
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    raise FileNotFoundError(f"could not write {path}: its folder keeps disappearing")
 
 
 def content_hash(*parts: str) -> str:
@@ -79,21 +220,153 @@ def content_hash(*parts: str) -> str:
     return h.hexdigest()[:20]
 
 
-def clear_cache() -> int:
-    """Remove everything under the cache dir (``python -m stax cache clear``); returns the number
-    of files removed. The in-process table of loaded libraries is forgotten too."""
-    root = cache_dir()
-    n = 0
-    for entry in list(root.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            n += sum(len(files) for _, _, files in os.walk(entry))
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            try:
-                entry.unlink()
+# ---- §11.1 Reading: verify before trusting ----
+
+_SEAL = b"stax-sha256 "
+
+
+def _sha(data: bytes) -> bytes:
+    return hashlib.sha256(data).hexdigest().encode()
+
+
+def write_sealed(path, payload) -> Path:
+    """Write an entry with the sha256 of its payload on its first line (``read_sealed`` checks it)."""
+    if isinstance(payload, str):
+        payload = payload.encode("utf-8")
+    return atomic_write(path, _SEAL + _sha(payload) + b"\n" + payload)
+
+
+def read_sealed(path) -> bytes | None:
+    """The payload of an entry ``write_sealed`` wrote, or None: missing (a miss), or failing its
+    check (truncated, edited, garbage: logged, removed, so that the caller rebuilds it)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        discard(path, f"unreadable: {e.strerror or e}")
+        return None
+    head, _, payload = data.partition(b"\n")
+    if head != _SEAL + _sha(payload):
+        discard(path, "its content does not match the hash recorded when it was written")
+        return None
+    return payload
+
+
+def discard(path, why: str) -> None:
+    """Log and remove a bad cache entry (and the hash record of a library); it is never loaded."""
+    path = Path(path)
+    warnings.warn(f"stax: cache entry {path} failed its check ({why}); removed, it will be rebuilt",
+                  StaxCacheWarning, stacklevel=3)
+    for p in (path, path.with_name(path.name + ".sha256")):
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
+        except OSError:
+            pass
+
+
+def exec_source(kind: str, stem: str, source: str, names: dict) -> types.ModuleType:
+    """Run generated Python ``source`` as a module (``names`` preset in its namespace).
+
+    The code executed is ``source`` itself, never what a file holds: the file
+    ``<cache>/<kind>/<stem>_<hash>.py`` is a mirror for tracebacks, debuggers and Triton's
+    ``inspect.getsource`` (served from ``linecache``, primed here), rewritten if it differs."""
+    path = folder(kind) / f"{stem}_{content_hash(source)}.py"
+    data = source.encode("utf-8")
+    try:
+        same = path.read_bytes() == data
+    except OSError:
+        same = None
+    if not same:
+        if same is False:
+            discard(path, "it differs from the source it is named after")
+        atomic_write(path, data)
+    name = str(path)
+    code = compile(source, name, "exec")
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    mod = types.ModuleType(path.stem)
+    mod.__file__ = name
+    mod.__dict__.update(names)
+    exec(code, mod.__dict__)
+    return mod
+
+
+# ---- §11.1 Clearing: only Stax's folders; temp files of dead processes ----
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True                  # cannot tell: age decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _stale(path: Path, now: float) -> bool:
+    """A temp left by a process that is gone (same host), or older than STALE_SECONDS."""
+    m = _TEMP.search(path.name if path.name.startswith(".") else "." + path.name)
+    try:
+        age = now - path.lstat().st_mtime
+    except OSError:
+        return False
+    if m and m.group(2) == _NODE and not _pid_alive(int(m.group(1))):
+        return True
+    return age > max(STALE_SECONDS, 2 * compile_timeout())
+
+
+def sweep_stale(root: Path | None = None) -> int:
+    """Remove temp files and compile folders whose process is gone; returns how many."""
+    root = root or cache_dir()
+    now, n = time.time(), 0
+    for name in SUBDIRS:
+        try:
+            entries = list((root / name).iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            if (name == "tmp" or p.name.endswith(".tmp")) and _stale(p, now):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    try:
+                        p.unlink()
+                    except OSError:
+                        continue
                 n += 1
-            except OSError:
-                pass
+    return n
+
+
+def _remove_tree(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        try:
+            path.unlink()
+            return 1
+        except OSError:
+            return 0
+    n = sum(len(files) for _, _, files in os.walk(path))
+    shutil.rmtree(path, ignore_errors=True)      # entries vanishing under a concurrent writer: fine
+    return n
+
+
+def clear_cache() -> int:
+    """Remove Stax's subfolders of the cache (``python -m stax cache clear``) and the work folders
+    of compiles whose process is gone; returns the number of files removed. Nothing else in the
+    folder is touched, and a folder that is not a marked Stax cache is refused (CacheError).
+    Concurrent processes are unharmed: they recreate folders and rebuild what vanished. The
+    in-process table of loaded libraries is forgotten too."""
+    root = cache_dir()
+    n = sum(_remove_tree(root / name) for name in SUBDIRS if name != "tmp" and
+            os.path.lexists(root / name))
+    n += sweep_stale(root)
+    _checked.clear()
     _loaded.clear()
     return n
 
@@ -114,8 +387,10 @@ _NO_COMPILER = (
 
 
 class CppCompileError(RuntimeError):
-    """The C++ compiler rejected a generated kernel. The message holds the command, the
-    numbered kernel source and the compiler's stderr."""
+    """The C++ compiler failed, hung, or wrote no library. The message starts with the compiler's
+    own; ``generated_code_at_fault`` says whether the kernel (a Stax bug) or the toolchain (the
+    compiler, CXX, STAX_CXXFLAGS) is to blame: decided by compiling a trivial file the same way."""
+    generated_code_at_fault = False
 
 
 def cxx_compiler() -> str:
@@ -139,6 +414,21 @@ def cxx_compiler() -> str:
 def cxx_flags() -> list:
     """CXXFLAGS plus any extra flags in ``$STAX_CXXFLAGS`` (split on whitespace)."""
     return CXXFLAGS + os.environ.get("STAX_CXXFLAGS", "").split()
+
+
+def compile_timeout() -> float:
+    """Seconds a compiler run may take (``$STAX_COMPILE_TIMEOUT``, default 300) before it is stopped."""
+    text = os.environ.get("STAX_COMPILE_TIMEOUT", "").strip()
+    if not text:
+        return 300.0
+    try:
+        t = float(text)
+    except ValueError:
+        t = -1.0
+    if not 0 < t < float("inf"):
+        raise ValueError(f"STAX_COMPILE_TIMEOUT={text!r} is not a positive number of seconds "
+                         "(unset it for the default, 300)")
+    return t
 
 
 def _host_cpu() -> str:
@@ -176,22 +466,24 @@ def compiler_identity() -> str:
     try:
         real = os.path.realpath(cxx)
         st = os.stat(real)
-        stamp = content_hash(cxx, real, str(st.st_size), str(st.st_mtime_ns), flags, cpu)
-        memo = cache_dir() / "cpp" / f"identity-{stamp}.txt"
+        stamp = content_hash(FORMAT, cxx, real, str(st.st_size), str(st.st_mtime_ns), flags, cpu)
+        memo = folder("cpp") / f"identity-{stamp}.txt"
     except OSError:
         memo = None
-    if memo is not None and memo.exists():
-        ident = memo.read_text()
+    payload = read_sealed(memo) if memo is not None else None
+    if payload is not None:
+        ident = payload.decode("utf-8", "replace")
     else:
         try:
-            out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+            out = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 timeout=min(60.0, compile_timeout()))
             text = (out.stdout or out.stderr).strip()
             version = text.splitlines()[0] if text else "unknown"
         except (OSError, subprocess.SubprocessError):
             version = "unknown"
         ident = f"{cxx} | {version} | {flags} | {cpu}"
         if memo is not None:
-            atomic_write(memo, ident)
+            write_sealed(memo, ident)
     _identity[key] = ident
     return ident
 
@@ -238,35 +530,158 @@ def _numbered(source: str) -> str:
     return head + "\n".join(shown)
 
 
-def _compile(cxx: str, src: Path, so: Path, source: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=so.parent, prefix="." + so.stem + ".", suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cxx, *cxx_flags(), str(src), "-o", tmp]
+def _run_compiler(cmd: list) -> tuple:
+    """(exit status, output) of one compiler run, stopped (its whole process group) after
+    ``compile_timeout()`` seconds with a CppCompileError that says so."""
+    timeout = compile_timeout()
+    posix = os.name == "posix"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=posix)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CppCompileError(
-                "C++ compilation of a Stax kernel failed.\n"
-                f"command: {' '.join(cmd)}\n"
-                f"source: {src}\n"
-                f"---- kernel source ----\n{_numbered(source)}\n"
-                f"---- compiler stderr ----\n{proc.stderr.strip()}\n"
-                "This is a bug in Stax's C++ code generator (or a compiler problem): please report "
-                "it with the source above. Setting STAX_CXXFLAGS adds compiler flags."
-            )
-        os.replace(tmp, so)   # atomic: concurrent compilers of the same key are both fine
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if posix:
+            os.killpg(proc.pid, signal.SIGKILL)      # the driver and cc1plus/as under it
+        else:
+            proc.kill()
+        proc.communicate()
+        raise CppCompileError(
+            f"The C++ compiler did not finish within {timeout:g} seconds and was stopped "
+            f"(STAX_COMPILE_TIMEOUT={os.environ.get('STAX_COMPILE_TIMEOUT', '300 (default)')}).\n"
+            f"command: {' '.join(cmd)}\nNothing was cached. If the compiler is just slow, raise "
+            "STAX_COMPILE_TIMEOUT (seconds); if it hangs, check CXX and STAX_CXXFLAGS.") from None
+    return proc.returncode, ((err or "") + (out or "")).strip()
+
+
+@contextmanager
+def _work_dir():
+    """A private folder for one compile, ``<cache>/tmp/<pid>@<host>.<random>``, removed after it;
+    one a killed process left behind is swept by the next compile or ``cache clear``."""
+    tmp = folder("tmp")
+    _make_folder(tmp)
+    path = Path(tempfile.mkdtemp(dir=tmp, prefix=_temp_tag()[1:]))
+    try:
+        yield path
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_probes: dict = {}      # (compiler, flags) -> (builds a trivial file?, its output)
+
+
+def _probe(cxx: str, flags: list) -> tuple:
+    """Does a trivial, known-good C++ file (the prelude's headers and one function) build with
+    this compiler and these flags? Tells a toolchain problem from a code-generator bug."""
+    key = (cxx, tuple(flags))
+    if key not in _probes:
+        includes = [ln for ln in prelude().splitlines() if ln.startswith("#include")]
+        text = "\n".join(includes + ['extern "C" int stax_probe(int n) { return n + 1; }', ""])
+        with _work_dir() as work:
+            (work / "probe.cpp").write_text(text)
+            try:
+                rc, out = _run_compiler([cxx, *flags, str(work / "probe.cpp"), "-o",
+                                         str(work / "probe.so")])
+                ok = rc == 0 and _library_problem(work / "probe.so") is None
+            except CppCompileError as e:
+                ok, out = False, str(e)
+        _probes[key] = (ok, out)
+    return _probes[key]
+
+
+def _library_problem(path: Path) -> str | None:
+    """Why the compiler's output is no library (missing, empty, not ELF on Linux), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return "wrote no library (its output file is missing)"
+    if not head:
+        return "wrote an empty file instead of a library"
+    if sys.platform.startswith("linux") and head != b"\x7fELF":
+        return "wrote a file that is not a shared library (no ELF header)"
+    return None
+
+
+def _failure(cxx, flags, rc, out, command, kept, source) -> CppCompileError:
+    """The error for a failed compile, the compiler's message first; the code generator is
+    blamed only when a trivial file builds with the same compiler and flags."""
+    ok, probe_out = _probe(cxx, flags)
+    head = f"---- compiler stderr ----\n{out}\n(exit status {rc})\n"
+    if ok:
+        err = CppCompileError(
+            f"C++ compilation of a Stax kernel failed.\n{head}"
+            f"---- kernel source ----\n{_numbered(source)}\n"
+            f"command: {command}\nsource: {kept}\n"
+            "A trivial C++ file builds with the same compiler and flags, so the generated kernel is "
+            "at fault: this is a bug in Stax's C++ code generator. Please report it with the "
+            "source above.")
+        err.generated_code_at_fault = True
+        return err
+    extra = os.environ.get("STAX_CXXFLAGS", "")
+    return CppCompileError(
+        f"The C++ compiler failed.\n{head}"
+        f"command: {command}\n"
+        "It fails on a trivial C++ file with the same flags too, so the compiler or its flags are "
+        f"at fault, not Stax's generated code (compiler: {cxx}; Stax's flags: {' '.join(CXXFLAGS)}; "
+        f"STAX_CXXFLAGS={extra!r}). Check CXX and STAX_CXXFLAGS, or unset them.\n"
+        f"---- the trivial file's compiler output ----\n{probe_out}")
+
+
+def _compile(cxx: str, source: str, key: str, kept: Path) -> bytes:
+    """Build ``source`` in a private work folder; returns the library's bytes. ``kept`` is the
+    copy of the source in the cache that messages point to."""
+    flags = cxx_flags()
+    command = " ".join([cxx, *flags, str(kept), "-o", f"{key}.so"])
+    with _work_dir() as work:
+        src, out_path = work / f"{key}.cpp", work / f"{key}.so"
+        src.write_text(source)
+        rc, out = _run_compiler([cxx, *flags, str(src), "-o", str(out_path)])
+        out = out.replace(str(src), str(kept))      # point at the copy that is kept
+        if rc != 0:
+            raise _failure(cxx, flags, rc, out, command, kept, source)
+        problem = _library_problem(out_path)
+        if problem is not None:
+            shown = f"\n---- compiler output ----\n{out}" if out else ""
+            raise CppCompileError(
+                f"The C++ compiler exited successfully but {problem}; nothing was cached.\n"
+                f"command: {command}{shown}\nCheck that CXX ({cxx}) names a working C++ compiler "
+                "and that STAX_CXXFLAGS does not redirect its output.")
+        return out_path.read_bytes()
+
+
+def _verified_library(so: Path) -> bool:
+    """Is ``<key>.so`` in the cache, whole and as written? Its sha256 was recorded at write time
+    in ``<key>.so.sha256``; a library without a record or with another hash is removed."""
+    want = read_sealed(so.with_name(so.name + ".sha256"))
+    if want is None:
+        if so.exists():
+            discard(so, "no hash was recorded for it")
+        return False
+    try:
+        data = so.read_bytes()
+    except FileNotFoundError:
+        return False                 # written by a process still at it, or cleared: a miss
+    except OSError as e:
+        discard(so, f"unreadable: {e.strerror or e}")
+        return False
+    if _sha(data) != want:
+        discard(so, "its content does not match the hash recorded when it was written")
+        return False
+    return True
+
+
+_swept = False
 
 
 def load_cpp(source: str, cdef: str):
     """Compile (or find in the cache) a C++ source and load it: returns ``(ffi, lib)``.
 
     key = content_hash(source, cdef, compiler_identity()); ``<cache>/cpp/<key>.so`` is dlopened
-    if present (no compiler run), else compiled from ``<key>.cpp`` with ``cxx_flags()`` into a
-    temp name and atomically renamed. Raises CppCompileError if the compiler fails."""
-    key = content_hash(source, cdef, compiler_identity())
+    if present and its sha256 matches ``<key>.so.sha256`` (no compiler run), else compiled in a
+    work folder and written: the hash record first, then the library, each atomically. Raises
+    CppCompileError if the compiler fails, hangs or writes nothing."""
+    global _swept
+    key = content_hash(FORMAT, source, cdef, compiler_identity())
     hit = _loaded.get(key)
     if hit is not None:
         return hit
@@ -274,17 +689,26 @@ def load_cpp(source: str, cdef: str):
         hit = _loaded.get(key)
         if hit is not None:
             return hit
-        folder = cache_dir() / "cpp"
-        folder.mkdir(parents=True, exist_ok=True)
-        so = folder / f"{key}.so"
-        if not so.exists():
-            src = folder / f"{key}.cpp"
-            atomic_write(src, source)
-            _compile(cxx_compiler(), src, so, source)
         import cffi  # lazy: keeps `import stax.cache` cheap
 
         ffi = cffi.FFI()
         ffi.cdef(cdef)
-        lib = ffi.dlopen(str(so))
+        for attempt in range(3):
+            so = folder("cpp") / f"{key}.so"
+            if not _verified_library(so):
+                if not _swept:       # once per process: what killed compiles left behind
+                    sweep_stale()
+                    _swept = True
+                kept = atomic_write(so.with_suffix(".cpp"), source)
+                data = _compile(cxx_compiler(), source, key, kept)
+                write_sealed(so.with_name(so.name + ".sha256"), _sha(data))
+                atomic_write(so, data)
+            try:
+                lib = ffi.dlopen(str(so))
+                break
+            except OSError:
+                if attempt == 2 or so.exists():
+                    raise
+                # removed between the check and the dlopen (a concurrent `cache clear`): again
         _loaded[key] = (ffi, lib)
         return ffi, lib

@@ -520,29 +520,28 @@ def _flatten(obj, leaves, alias=lambda t: None):
     return None
 
 
+def _build(spec, leaves, order, inputs):
+    # a plain recursive function, not a closure over itself: a self-referencing closure is a cycle
+    # that would keep every call's outputs alive until the garbage collector runs (memory.py)
+    if spec is None:
+        return leaves[next(order)]
+    kind, items = spec
+    if kind is _CONST:
+        return items
+    if kind is _SAME:
+        return leaves[items]
+    if kind is _ALIAS:
+        k, view_ops = items
+        return _replay_views(inputs[k], view_ops)
+    if kind is dict:
+        return {k: _build(s, leaves, order, inputs) for k, s in items}
+    vals = [_build(s, leaves, order, inputs) for s in items]
+    return kind(vals) if kind in (tuple, list) else kind(*vals)
+
+
 def unflatten(spec, leaves, inputs=()):
     """Rebuild the function's result from the computed tensors (and the call's input tensors)."""
-    leaves, order = list(leaves), iter(range(1 << 62))
-
-    def build(spec):
-        if spec is None:
-            return leaves[next(order)]
-        kind, items = spec
-        if kind is _CONST:
-            return items
-        if kind is _SAME:
-            return leaves[items]
-        if kind is _ALIAS:
-            k, view_ops = items
-            return _replay_views(inputs[k], view_ops)
-        if kind is dict:
-            return {k: build(s) for k, s in items}
-        vals = [build(s) for s in items]
-        return kind(vals) if kind in (tuple, list) else kind(*vals)
-    try:
-        return build(spec)
-    finally:
-        del build   # it refers to itself: without this the cycle keeps the outputs alive until gc
+    return _build(spec, list(leaves), iter(range(1 << 62)), inputs)
 
 
 def _map_tensors(obj, f):

@@ -27,6 +27,7 @@ Where to look:
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass
 
@@ -40,7 +41,8 @@ from .ir import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import IndexPrinter, Printer, Var
-from .wrapper import extern_call, pyshape, wrapper_launches, wrapper_prologue
+from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, wrapper_launches,
+                      wrapper_prologue)
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels (cache lines)
@@ -74,11 +76,11 @@ def cliteral(value, dtype) -> str:
     if dtype == bool_:
         return "true" if value else "false"
     if not dtype.is_floating_point:
-        v = int(value)
+        v = operator.index(int(value))     # the exact int: an int subclass never prints itself
         if v == -2**63:     # the literal 9223372036854775808 does not fit: write INT64_MIN as C++ does
             return "(-9223372036854775807LL - 1)"
         return f"{v}" if abs(v) < 2**31 else f"{v}LL"
-    v = float(value)
+    v = float.__float__(float(value))  # the exact float, likewise
     suffix = "" if dtype == float64 else "f"
     if math.isnan(v):
         return "NAN" if suffix else "(double)NAN"
@@ -679,7 +681,7 @@ def _error_checks(errors, cdefs) -> list:
 
 def _wrapper(sched, calls) -> str:
     """`call(args)`: check inputs, then per kernel allocate, launch, and `del` dead buffers (§7.5)."""
-    outs = [o if isinstance(o, str) else repr(o) for o in sched.lowered.outputs]
+    outs = [pyname(o) if isinstance(o, str) else pylit(o) for o in sched.lowered.outputs]
     lines = wrapper_prologue(sched.lowered) + ["    launch_prologue()"]
     lines += wrapper_launches(sched, calls, "    ")
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
@@ -694,7 +696,7 @@ def generate(sched) -> CppModule:
         call, new = [], set()
         if g.kind == "extern":
             e = g.nodes[0]
-            call += extern_call(e, low.unbacked, e.dtype.name)
+            call += extern_call(e, low.unbacked, pydtype(e.dtype))
             new.add(e.name)
         else:
             k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)
@@ -704,9 +706,10 @@ def generate(sched) -> CppModule:
             for name in params:
                 if name not in allocated:
                     b = low.buffer(name)
-                    call.append(f"{name} = empty({pyshape(b.layout.shape)}, {b.dtype.name})")
+                    call.append(f"{pyname(name)} = empty({pyshape(b.layout.shape)}, {pydtype(b.dtype)})")
                     new.add(name)
-            call.append(f"kernels.{k.name}({', '.join([f'ptr({p})' for p in params] + syms)})")
+            args = [f"ptr({pyname(p)})" for p in params] + [pyname(s) for s in syms]
+            call.append(f"kernels.{pyname(k.name)}({', '.join(args)})")
             call += _error_checks(k.errors, cdefs)
         allocated |= new
         calls.append((g.index, call, new))

@@ -22,6 +22,7 @@ Where to look:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -29,7 +30,8 @@ import sympy
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_reduction import reduction_kernel
-from .wrapper import extern_call, pyshape, wrapper_launches, wrapper_prologue
+from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, pysize, wrapper_launches,
+                      wrapper_prologue)
 
 # ---- §6.1 Alg. 6.1 on the GPU ----
 
@@ -69,9 +71,12 @@ class TritonModule:
         Kernels are compiled on first launch and their cubins cached on disk, so a process that
         finds everything in the cache never imports triton.
         """
-        loads = [f"{name} = async_compile.triton('{name}', \'\'\'\n{text}\'\'\', device_str='cuda')"
+        for text in self.kernels.values():    # each text sits verbatim between triple quotes
+            if "\'\'\'" in text or "\\" in text:
+                raise ValueError("Stax will not quote a kernel text that holds triple quotes or a backslash")
+        loads = [f"{pyname(name)} = async_compile.triton('{name}', \'\'\'\n{text}\'\'\', device_str='cuda')"
                  for name, text in self.kernels.items()]
-        loads += [f"{name} = async_compile.multi_kernel('{name}', [{', '.join(names)}])"
+        loads += [f"{pyname(name)} = async_compile.multi_kernel('{name}', [{', '.join(map(pyname, names))}])"
                   for name, names in (self.multi or {}).items()]
         return "\n\n".join(loads + [self.wrapper])
 
@@ -81,15 +86,29 @@ class TritonModule:
 
 def _wrapper(sched, calls) -> str:
     """Listing 9.6: check inputs, then under the device context allocate, launch, `del` (§7.5)."""
-    outs = [o if isinstance(o, str) else repr(o) for o in sched.lowered.outputs]
+    outs = [pyname(o) if isinstance(o, str) else pylit(o) for o in sched.lowered.outputs]
     lines = wrapper_prologue(sched.lowered, ", 'input'") + ["    with stax.cuda.device(0):"]
     lines += wrapper_launches(sched, calls, "        ")
     lines.append(f"    return ({', '.join(outs)}{', ' if len(outs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 
 
+_NUMEL_TEXT = re.compile(r"[A-Za-z0-9_ +\-*/()]*\Z")
+
+
+def _numel_text(text: str) -> str:
+    """A launch's numel argument, printed from the IR's sympy sizes (texpr): digits, size symbols
+    and arithmetic only, checked like every other printed value."""
+    if not _NUMEL_TEXT.match(text):
+        raise ValueError(f"Stax will not print the numel {text!r} into generated code")
+    for word in re.findall(r"[A-Za-z_]\w*", text):
+        pyname(word)
+    return text
+
+
 def _alloc(name, layout, dtype) -> str:
-    return f"{name} = empty_strided_cuda({pyshape(layout.shape)}, {pyshape(layout.stride)}, stax.{dtype.name})"
+    return (f"{pyname(name)} = empty_strided_cuda({pyshape(layout.shape)}, {pyshape(layout.stride)}, "
+            f"stax.{pydtype(dtype)})")
 
 
 def _fused_kernel(index: int, g, sched) -> tuple:
@@ -118,7 +137,7 @@ def generate(sched) -> TritonModule:
         if not kernels:
             call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
         kernels.update(sources)
-        call.append(f"{runner}.run({', '.join(args)}, stream=raw_stream0)")
+        call.append(f"{pyname(runner)}.run({', '.join(args)}, stream=raw_stream0)")
 
     for g in sched.groups:
         call, new = [], set()
@@ -127,11 +146,11 @@ def generate(sched) -> TritonModule:
             name, src, operands, numels = mm_template(index, e, low)
             call.append(_alloc(e.name, e.layout, e.dtype))
             new.add(e.name)
-            launch(call, {name: src}, name, operands + [e.name] + [str(v) for v in numels])
+            launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
             index += 1
         elif g.kind == "extern":
             e = g.nodes[0]
-            call += extern_call(e, low.unbacked, f"stax.{e.dtype.name}")
+            call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}")
             new.add(e.name)
         else:
             sources, params, numels, alternatives = _fused_kernel(index, g, sched)
@@ -144,7 +163,7 @@ def generate(sched) -> TritonModule:
             if alternatives is not None:
                 runner = f"multi_kernel_{index}"
                 multi[runner] = alternatives
-            launch(call, sources, runner, params + numels)
+            launch(call, sources, runner, [pyname(p) for p in params] + [_numel_text(n) for n in numels])
             index += 1
         allocated |= new
         calls.append((g.index, call, new))

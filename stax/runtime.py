@@ -19,11 +19,13 @@ Where to look:
     reinterpret_tensor()
   - `AsyncCompile` .............................. Listing 9.6's `async_compile`: kernel handles
     (compiled at first launch), carrying `stax.compile`'s mode and options to each kernel
-  - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes
+  - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes: a record sealed with
+    its sha256 and checked for structure when read back; a bad one is logged, removed, regenerated
+  - `_exec_wrapper` ............................. runs the wrapper's text itself (cache.exec_source),
+    never the file mirrored beside it in `<cache>/py`
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from types import SimpleNamespace
@@ -55,15 +57,9 @@ def extern_kernel(op, inputs, params, dtype, device="cpu"):
 
 
 def _exec_wrapper(source: str, stem: str, names: dict):
-    """Write a generated module to the cache and import it (tracebacks point at real lines)."""
-    path = cache.cache_dir() / "py" / f"{stem}_{cache.content_hash(source)}.py"
-    if not path.exists():
-        cache.atomic_write(path, source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__dict__.update(names)
-    spec.loader.exec_module(mod)
-    return mod.call
+    """Run a generated module (its text, checked or freshly generated; the file written beside it
+    in the cache is only a mirror for tracebacks) and return its `call`."""
+    return cache.exec_source("py", stem, source, names).call
 
 
 # ---- §8 CPU: C++ kernels through cffi ----
@@ -183,13 +179,22 @@ def artifact_path(graph, device: str, target: str):
     inputs = [(n.name, n.op, n.meta.dtype.name, [str(s) for s in n.meta.shape],
                [str(s) for s in n.meta.stride]) for n in graph.inputs]
     key = cache.content_hash(graph.format(), repr(inputs), device, target, _code_version())
-    return cache.cache_dir() / "artifacts" / f"{key}.json"
+    return cache.folder("artifacts") / f"{key}.json"
 
 
 def save_artifact(path, module) -> None:
     record = {"kind": module.kind, "kernels": module.kernels, "wrapper": module.wrapper, "source": module.source,
               "cdefs": getattr(module, "cdefs", [])}
-    cache.atomic_write(path, json.dumps(record))
+    cache.write_sealed(path, json.dumps(record))     # its sha256 on the first line
+
+
+def _is_record(r) -> bool:
+    """The structure `save_artifact` writes (JSON holds only plain str/list/dict, so no subclass)."""
+    return (isinstance(r, dict) and r.get("kind") in ("cpp", "triton")
+            and isinstance(r.get("kernels"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in r["kernels"].items())
+            and isinstance(r.get("wrapper"), str) and isinstance(r.get("source"), str)
+            and isinstance(r.get("cdefs"), list) and all(isinstance(c, str) for c in r["cdefs"]))
 
 
 class LoadedModule:
@@ -205,7 +210,16 @@ class LoadedModule:
 
 
 def load_artifact(path) -> LoadedModule | None:
-    try:
-        return LoadedModule(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError):
+    """The record at `path` if it passes its hash and has the right structure, else None (the
+    caller generates the module again); a bad record is logged and removed."""
+    payload = cache.read_sealed(path)
+    if payload is None:
         return None
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        record = None
+    if not _is_record(record):
+        cache.discard(path, "not an artifact record of the expected structure")
+        return None
+    return LoadedModule(record)

@@ -18,14 +18,16 @@ Under TRITON_INTERPRET=1 the same call runs in Triton's interpreter on host memo
 
 Consumes: a kernel's text (its decorator's arguments are read without importing triton), the
 kernel's arguments at launch, `mode`/`options` of `stax.compile`. Produces: launches; the records of
-Algorithm 9.1 under `<cache>/autotune`, cubins under `<cache>/cubin`.
+Algorithm 9.1 under `<cache>/autotune`, cubins under `<cache>/cubin` (JSON metadata + the cubin's
+bytes, never pickle), each sealed with its sha256 and checked when read back (cache.read_sealed).
 
 Where to look:
   - `HEADER` ............................. the imports a kernel file opens with
   - `candidates`, `default_config`, `grid_for`, `tuning_space`  any kernel kind, templates included
   - `CachingAutotuner.run` ............... the launch hot path; `_slow_run` the first launch
   - `CachingAutotuner._autotune` ......... Algorithm 9.1 (records, candidates, CUDA-event timing)
-  - `CachingAutotuner._compile` .......... the cubin cache
+  - `CachingAutotuner._compile` .......... the cubin cache (`_save_cubin`, `_load_cubin`; records:
+    `_load_choice`); `_exec_kernel_source` runs a kernel's checked text (cache.exec_source)
   - `MultiKernel` ........................ §9.4 a multi-pass row's two forms, measured at first launch
   - `_InterpTensor` ...................... the adapter Triton's interpreter sees for a "cuda" tensor
   - `kernel_from_source`, `pointwise` / `reduction` / `persistent_reduction` / `template`
@@ -33,11 +35,10 @@ Where to look:
 from __future__ import annotations
 
 import ast
-import importlib.util
+import dataclasses
 import json
 import math
 import os
-import pickle
 import random
 import sys
 import time
@@ -202,16 +203,60 @@ def _triton_version() -> str:
 
 
 def _exec_kernel_source(name: str, source: str):
-    """The @triton.jit function of one kernel: its text is written to a file and imported
-    (Triton reads a kernel's source from its file). Only needed to compile or interpret."""
-    path = cache.cache_dir() / "kernels" / f"{name}_{cache.content_hash(HEADER, source)}.py"
-    if not path.exists():
-        cache.atomic_write(path, HEADER + "\n\n" + source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """The @triton.jit function of one kernel: its text is run as a module (Triton reads a
+    kernel's source through `inspect`, served from the text itself: cache.exec_source). Only
+    needed to compile or interpret."""
+    mod = cache.exec_source("kernels", name, HEADER + "\n\n" + source, {})
     obj = getattr(mod, name)
     return obj.fn if isinstance(obj, CachingAutotuner) else obj
+
+
+def _is_choice(record) -> bool:
+    """A tuning record's structure: a configuration of int values and its time."""
+    cfg = record.get("config") if isinstance(record, dict) else None
+    return (isinstance(cfg, dict) and all(isinstance(k, str) and type(v) is int for k, v in cfg.items())
+            and type(record.get("ms")) in (int, float))
+
+
+def _load_choice(path):
+    """(config, ms) from a tuning record on disk, or None (missing, or bad: logged and removed)."""
+    payload = cache.read_sealed(path)
+    if payload is None:
+        return None
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        record = None
+    if not _is_choice(record):
+        cache.discard(path, "not a tuning record of the expected structure")
+        return None
+    return record["config"], record["ms"]
+
+
+def _save_cubin(path, cubin: bytes, info) -> None:
+    """A cubin entry: its launch metadata as one JSON line, then the cubin's bytes (no pickle:
+    reading an entry never runs code), sealed with their sha256."""
+    cache.write_sealed(path, json.dumps(dataclasses.asdict(info)).encode() + b"\n" + cubin)
+
+
+def _load_cubin(path):
+    """(cubin, TritonKernelInfo) from disk, or None (missing, or bad: logged and removed)."""
+    payload = cache.read_sealed(path)
+    if payload is None:
+        return None
+    head, _, cubin = payload.partition(b"\n")
+    fields = {f.name: getattr(f.type, "__name__", f.type)
+              for f in dataclasses.fields(cuda_triton.TritonKernelInfo)}
+    try:
+        info = json.loads(head)
+        ok = (isinstance(info, dict) and set(info) <= set(fields) and "name" in info and cubin
+              and all(type(v).__name__ == fields[k] for k, v in info.items()))
+    except ValueError:
+        ok = False
+    if not ok:
+        cache.discard(path, "not a cubin entry of the expected structure")
+        return None
+    return cubin, cuda_triton.TritonKernelInfo(**info)
 
 
 # ---- §9.6–9.7 The kernel launcher ----
@@ -317,11 +362,12 @@ class CachingAutotuner:
             return cands[0]
         props = cuda.get_device_properties()
         key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version(),
-                                 repr(search), repr(sorted(self.options.items())))
-        path = cache.cache_dir() / "autotune" / f"{self.name}_{key}.json"
-        if key not in _RECORDS and path.exists():
-            record = json.loads(path.read_text())
-            _RECORDS[key] = (record["config"], record["ms"])
+                                 repr(search), repr(sorted(self.options.items())), cache.FORMAT)
+        path = cache.folder("autotune") / f"{self.name}_{key}.json"
+        if key not in _RECORDS:
+            choice = _load_choice(path)
+            if choice is not None:
+                _RECORDS[key] = choice
         if key in _RECORDS:
             chosen, self.best_ms = _RECORDS[key]
             return chosen
@@ -344,7 +390,7 @@ class CachingAutotuner:
         self.tuning_seconds = time.perf_counter() - start
         _RECORDS[key] = (chosen, chosen_ms)
         self.best_ms = chosen_ms
-        cache.atomic_write(path, json.dumps({"config": chosen, "ms": chosen_ms, "candidates": cands,
+        cache.write_sealed(path, json.dumps({"config": chosen, "ms": chosen_ms, "candidates": cands,
                                              "candidate_ms": times, "search": search,
                                              "seconds": self.tuning_seconds}))
         if _show_autotune():
@@ -439,15 +485,16 @@ class CachingAutotuner:
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         key = cache.content_hash(self.source, repr(sorted(cfg.items())), repr(self.signature),
-                                 _triton_version(), str(cc), str(aligned))
-        path = cache.cache_dir() / "cubin" / f"{self.name}_{key}.pkl"
-        if path.exists():
-            cubin, info = pickle.loads(path.read_bytes())
+                                 _triton_version(), str(cc), str(aligned), cache.FORMAT)
+        path = cache.folder("cubin") / f"{self.name}_{key}.bin"
+        entry = _load_cubin(path)
+        if entry is not None:
+            cubin, info = entry
         else:
             cubin, info, _ = cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs,
                                                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                                                  cc=cc, attrs=self._attrs(aligned))
-            cache.atomic_write(path, pickle.dumps((cubin, info)))
+            _save_cubin(path, cubin, info)
         return cuda_triton.launcher_for_triton(cubin, info, list(self.signature.values()))
 
 

@@ -24,6 +24,7 @@ Where to look:
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import sympy
@@ -67,8 +68,8 @@ def literal(value, dtype) -> str:
     if dtype == bool_:
         return "True" if value else "False"
     if not dtype.is_floating_point:
-        return str(int(value))
-    v = float(value)
+        return repr(operator.index(int(value)))    # exact int: a subclass never prints itself
+    v = float.__float__(float(value))              # exact float, likewise
     if math.isnan(v):
         return 'float("nan")'
     if math.isinf(v):

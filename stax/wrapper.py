@@ -15,20 +15,103 @@ Where to look:
   - `wrapper_launches` ........ each group's lines, then `del` of the buffers it read last (§7.5)
   - `extern_call` ............. a fallback kernel's line and the data-dependent sizes it defines
   - `pyshape`, `pyarg`, `pyparams`  Python literals of shapes, operands and parameters
+  - `pyname`, `pysize`, `pylit`, `pydtype`  what every printed value goes through first: a checked
+    identifier, a plain int / float / str, never a user object's own __repr__ (no code injection)
 """
 from __future__ import annotations
 
-from .dtypes import DType
+import keyword
+import math
+import operator
+import re
+
+from .dtypes import DTYPES, DType
 from .ir import ReinterpretView
 from .schedule import dead_after
 
 # ---- Python literals ----
+# Everything printed into the wrapper is first made a plain int, float, str or a checked name:
+# a value that reached a graph from user code (an `int` subclass as a reshape size, a parameter)
+# could otherwise print itself as code (its __repr__/__str__/__format__) and run inside `call`.
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SIZE_FUNCS = {"Add", "Mul", "Pow", "FloorDiv", "ModularIndexing", "Max", "Min"}
+
+
+def pyname(name) -> str:
+    """A name the wrapper spells (buffer, kernel, size symbol, dtype): an ASCII identifier."""
+    text = str.__str__(name) if isinstance(name, str) else None     # exact str, no override run
+    if text is None or not (_NAME.match(text) and text.isidentifier()) or keyword.iskeyword(text):
+        raise ValueError(f"Stax will not print {name!r} into generated code: not a plain "
+                         "identifier (this is a bug in Stax's code generator)")
+    return text
+
+
+def pyint(v) -> str:
+    """An integer as a decimal literal: `operator.index` gives the exact int of an int subclass."""
+    return repr(operator.index(v))
+
+
+def pysize(s) -> str:
+    """A size, stride or offset: an int, or an index expression over size symbols (checked)."""
+    if isinstance(s, int):
+        return pyint(s)
+    if hasattr(s, "free_symbols") and hasattr(s, "args"):             # a sympy expression
+        for node in _preorder(s):
+            if node.is_Symbol:
+                pyname(node.name)
+            elif not (node.is_Rational or type(node).__name__ in _SIZE_FUNCS):
+                break
+        else:
+            return str(s)
+    raise TypeError(f"Stax will not print the size {s!r} (type {type(s).__name__}) into generated "
+                    "code: sizes must be ints or expressions of size symbols")
+
+
+def _preorder(e):
+    yield e
+    for a in e.args:
+        yield from _preorder(a)
 
 
 def pyshape(shape) -> str:
     """A shape or stride as a tuple literal: `(64, 2)`, `(64,)`, `()`."""
-    items = [str(s) for s in shape]
+    items = [pysize(s) for s in shape]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def pydtype(dtype) -> str:
+    """A dtype by name (the wrapper's globals hold Stax's dtypes): only one of DTYPES."""
+    if not isinstance(dtype, DType) or DTYPES.get(dtype.name) is not dtype:
+        raise TypeError(f"Stax will not print {dtype!r} into generated code: not a Stax dtype")
+    return pyname(dtype.name)
+
+
+def pylit(v) -> str:
+    """A constant as a Python literal: None/bool, int, float, str (exact types, never a subclass's
+    own repr), a dtype's name, or a tuple/list/slice of those."""
+    if v is None or v is True or v is False:
+        return repr(v)
+    if isinstance(v, int):
+        return pyint(v)
+    if isinstance(v, float):
+        f = float.__float__(v)                         # the exact float of a float subclass
+        return repr(f) if math.isfinite(f) else f"float('{f!r}')"
+    if isinstance(v, str):
+        return repr(str.__str__(v))
+    if isinstance(v, DType):
+        return pydtype(v)
+    if isinstance(v, (tuple, list)):
+        items = [pylit(x) for x in v]
+        if isinstance(v, list):
+            return "[" + ", ".join(items) + "]"
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(v, slice):
+        return f"slice({pylit(v.start)}, {pylit(v.stop)}, {pylit(v.step)})"
+    if hasattr(v, "free_symbols"):
+        return pysize(v)
+    raise TypeError(f"Stax will not print a {type(v).__name__} into generated code "
+                    "(constants must be None, bool, int, float, str or a Stax dtype)")
 
 
 def pyarg(a) -> str:
@@ -37,13 +120,14 @@ def pyarg(a) -> str:
         return "[" + ", ".join(pyarg(x) for x in a) + "]"
     if isinstance(a, ReinterpretView):       # a view of a buffer, handed over without a copy
         lay = a.layout
-        return f"reinterpret_tensor({a.buffer}, {pyshape(lay.shape)}, {pyshape(lay.stride)}, {lay.offset})"
-    return a if isinstance(a, str) else repr(a)
+        return (f"reinterpret_tensor({pyname(a.buffer)}, {pyshape(lay.shape)}, {pyshape(lay.stride)}, "
+                f"{pysize(lay.offset)})")
+    return pyname(a) if isinstance(a, str) else pylit(a)
 
 
 def pyparams(params) -> str:
     """A fallback's parameters as a dict literal; dtypes by name (the wrapper's globals hold them)."""
-    items = [f"{k!r}: {v.name if isinstance(v, DType) else repr(v)}" for k, v in params.items()]
+    items = [f"{pylit(k)}: {pylit(v)}" for k, v in params.items()]
     return "{" + ", ".join(items) + "}"
 
 
@@ -52,13 +136,13 @@ def pyparams(params) -> str:
 
 def wrapper_prologue(low, assert_extra: str = "") -> list:
     """`call(args)`'s first lines: unpack and clear the arguments, check each input's layout."""
-    names = [b.name for b in low.inputs]
+    names = [pyname(b.name) for b in low.inputs]
     lines = ["def call(args):"]
     if names:
         lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     lines.append("    args.clear()")
-    for b in low.inputs:
-        lines.append(f"    assert_size_stride({b.name}, {pyshape(b.layout.shape)}, "
+    for b, name in zip(low.inputs, names):
+        lines.append(f"    assert_size_stride({name}, {pyshape(b.layout.shape)}, "
                      f"{pyshape(b.layout.stride)}{assert_extra})")
     return lines
 
@@ -72,7 +156,7 @@ def wrapper_launches(sched, calls, indent: str) -> list:
         defined |= new
         dead = dead_after(sched, gi, defined)
         if dead:
-            lines.append(f"{indent}del {', '.join(dead)}")
+            lines.append(f"{indent}del {', '.join(pyname(d) for d in dead)}")
             defined -= set(dead)
     return lines
 
@@ -80,8 +164,8 @@ def wrapper_launches(sched, calls, indent: str) -> list:
 def extern_call(e, unbacked: dict, dtype_text: str) -> list:
     """§6.1: a fallback kernel's line, and the data-dependent sizes (unbacked symbols) it defines."""
     args = ", ".join(pyarg(a) for a in e.inputs)
-    lines = [f"{e.name} = extern_kernel({e.op!r}, [{args}], {pyparams(e.params)}, {dtype_text})"]
+    lines = [f"{pyname(e.name)} = extern_kernel({pylit(e.op)}, [{args}], {pyparams(e.params)}, {dtype_text})"]
     for sym, (node_name, dim) in unbacked.items():
         if node_name in e.origins:
-            lines.append(f"{sym} = {e.name}.shape[{dim}]")
+            lines.append(f"{pyname(sym.name)} = {pyname(e.name)}.shape[{pyint(dim)}]")
     return lines
