@@ -32,7 +32,7 @@ class DType:
     def __repr__(self):
         return f"stax.{self.name}"
 
-    def __reduce__(self):  # pickles (for the cache) as a reference to the module constant
+    def __reduce__(self):  # pickles (copy, multiprocessing) as a reference to the module constant
         return (_dtype_by_name, (self.name,))
 
 

@@ -31,6 +31,7 @@ Where to look:
 """
 import builtins as _b
 import math
+import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -324,10 +325,17 @@ def _wrap_dim(d, ndim):
     return d % n if ndim > 0 else 0
 
 
+def _plain_int(v):
+    """A size as an exact Python int: an int subclass's own hooks (repr, arithmetic) never travel
+    on into graphs, keys or generated code."""
+    v = operator.index(v)
+    return v if type(v) is int else int.__int__(v)
+
+
 def _shape_args(args):
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        return tuple(args[0])
-    return tuple(args)
+        args = args[0]
+    return tuple(_plain_int(a) for a in args)
 
 
 def _is_proxy(x):
@@ -344,8 +352,12 @@ def _has_tensor(x):
 
 def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
-    if isinstance(x, (Tensor, _b.bool, _b.int, _b.float)):
+    if isinstance(x, (Tensor, _b.bool)) or type(x) in (_b.int, _b.float):
         return x
+    if isinstance(x, _b.int):           # subclasses become plain values (see _plain_int)
+        return int.__int__(x)
+    if isinstance(x, _b.float):
+        return float.__float__(x)
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"expected a Tensor or a Python scalar, got {type(x).__name__}")
