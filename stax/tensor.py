@@ -86,6 +86,12 @@ def get_num_threads():
     return _NUM_THREADS
 
 
+class SymbolicInt:
+    """The base of a size that is an expression while tracing in dynamic mode (§10): dynshape.SymInt
+    implements it. Here only so that the op functions can accept one as a scalar (specialized)."""
+    __slots__ = ()
+
+
 @dataclass
 class Meta:
     """What the compiler knows about a tensor without its data. Sizes may be sympy expressions."""
@@ -346,6 +352,8 @@ def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool, _b.int, _b.float)):
         return x
+    if isinstance(x, SymbolicInt):      # a size as a scalar operand: specialized to its value (§10.4)
+        return _b.int(x)
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"expected a Tensor or a Python scalar, got {type(x).__name__}")

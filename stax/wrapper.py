@@ -11,7 +11,8 @@ end adds its own parts: the C++ wrapper's `launch_prologue()` and `kernels.NAME(
 Triton wrapper's `with stax.cuda.device(0):` and `NAME.run(..., stream=raw_stream0)` (Listing 9.6).
 
 Where to look:
-  - `wrapper_prologue` ........ unpack and clear `args`, `assert_size_stride` each input
+  - `wrapper_prologue` ........ unpack and clear `args`, bind the size symbols (§10.3:
+                                `size_bindings`), `assert_size_stride` each input
   - `wrapper_launches` ........ each group's lines, then `del` of the buffers it read last (§7.5)
   - `extern_call` ............. a fallback kernel's line and the data-dependent sizes it defines
   - `pyshape`, `pyarg`, `pyparams`  Python literals of shapes, operands and parameters
@@ -25,9 +26,17 @@ from .schedule import dead_after
 # ---- Python literals ----
 
 
+def pysize(s) -> str:
+    """One size as Python: an int, or an expression over the size symbols (§10: `128*s0`)."""
+    if isinstance(s, int) or getattr(s, "is_Integer", False) or not hasattr(s, "free_symbols"):
+        return str(s)
+    from .dynshape import pyexpr
+    return pyexpr(s)
+
+
 def pyshape(shape) -> str:
-    """A shape or stride as a tuple literal: `(64, 2)`, `(64,)`, `()`."""
-    items = [str(s) for s in shape]
+    """A shape or stride as a tuple literal: `(64, 2)`, `(64,)`, `()`, `(s0, 128)`."""
+    items = [pysize(s) for s in shape]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -57,9 +66,22 @@ def wrapper_prologue(low, assert_extra: str = "") -> list:
     if names:
         lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     lines.append("    args.clear()")
+    lines += size_bindings(low)
     for b in low.inputs:
         lines.append(f"    assert_size_stride({b.name}, {pyshape(b.layout.shape)}, "
                      f"{pyshape(b.layout.stride)}{assert_extra})")
+    return lines
+
+
+def size_bindings(low, indent: str = "    ") -> list:
+    """§10.3: each size symbol read from the first input dim it names, on every call
+    (`s0 = arg0_1.shape[0]`); the guard function has checked the rest of the layout."""
+    lines, bound = [], set()
+    for b in low.inputs:
+        for d, s in enumerate(b.layout.shape):
+            if getattr(s, "is_Symbol", False) and s not in bound and s not in low.unbacked:
+                bound.add(s)
+                lines.append(f"{indent}{s} = {b.name}.shape[{d}]")
     return lines
 
 
