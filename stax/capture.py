@@ -157,9 +157,9 @@ class Tracer:
     def record(self, op, inputs, params, metas):
         if self.shape_env is not None:
             from . import dynshape
-            # a size used as a scalar operand is specialized (guarded); sizes in metadata and
-            # parameters enter the graph as sympy expressions
-            inputs = [int(x) if isinstance(x, dynshape.SymInt) else x for x in inputs]
+            # sizes in scalar operands, metadata and parameters enter the graph as sympy
+            # expressions (the kernels read them as run-time ints)
+            inputs = [x.expr if isinstance(x, dynshape.SymInt) else x for x in inputs]
             params = dynshape.to_sympy(params)
             metas = [Meta(dynshape.to_sympy(tuple(m.shape)), dynshape.to_sympy(tuple(m.stride)),
                           m.dtype, m.device, dynshape.to_sympy(m.offset)) for m in metas]

@@ -290,6 +290,8 @@ def result_type(*args):
             g, d = (0 if a.ndim > 0 else 1), a.dtype
         elif isinstance(a, DType):
             g, d = 1, a
+        elif isinstance(a, SymbolicInt):    # a size used as a scalar (§10): a Python int
+            g, d = 2, int64
         else:
             g, d = 2, _scalar_dtype(a)
         groups[g] = d if groups[g] is None else promote_types(groups[g], d)
@@ -352,8 +354,8 @@ def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool, _b.int, _b.float)):
         return x
-    if isinstance(x, SymbolicInt):      # a size as a scalar operand: specialized to its value (§10.4)
-        return _b.int(x)
+    if isinstance(x, SymbolicInt):      # a size as a scalar operand: a run-time int in the graph (§10.4)
+        return x
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"expected a Tensor or a Python scalar, got {type(x).__name__}")

@@ -894,7 +894,7 @@ def _operand(f, reverse=False):
         if isinstance(other, np.ndarray):
             other = tensor(other)
         elif isinstance(other, SymbolicInt):
-            other = _b.int(other)       # a size as a scalar operand: specialized (§10.4)
+            pass                        # a size as a scalar operand: a run-time int (§10.4)
         elif not isinstance(other, (Tensor, _b.bool, _b.int, _b.float, np.generic)):
             return NotImplemented
         return f(other, self) if reverse else f(self, other)

@@ -771,11 +771,16 @@ def test_recompiles_log_names_the_failed_guard(rng, monkeypatch, capsys):
     assert "dtype" in err and "float64" in err
 
 
-def test_dynamic_true_is_not_implemented():
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        stax.compile(lambda x: x, dynamic=True)
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        stax.compile(dynamic=True)(lambda x: x)
+def test_dynamic_true_compiles_one_artifact_for_many_sizes(rng):
+    # (this was test_dynamic_true_is_not_implemented; §10 is implemented: tests/test_dynamic.py)
+    for cf in (stax.compile(lambda x: x * 3 - 1, dynamic=True),
+               stax.compile(dynamic=True)(lambda x: x * 3 - 1)):
+        for n in (5, 9, 17):
+            x = rand(rng, n)
+            check(cf(x), f64(x) * 3 - 1)
+        assert cf.stats["compiles"] == 1
+    with pytest.raises(ValueError, match="dynamic"):
+        stax.compile(lambda x: x, dynamic="yes")
 
 
 def test_decorator_forms(rng):
