@@ -95,8 +95,8 @@ class ShapeEnv:
         syms = sorted(expr.free_symbols, key=str)
         if not syms:
             return (expr, expr) if expr.is_Number else None
-        if any(s not in self.ranges for s in syms):
-            return None
+        if any(s not in self.ranges for s in syms) or expr.atoms(sympy.Function):
+            return None             # (FloorDiv, ModularIndexing, Max: decided on the hint)
         try:
             poly = sympy.Poly(expr, *syms)
         except sympy.PolynomialError:
@@ -112,7 +112,7 @@ class ShapeEnv:
             if coeff < 0:
                 low, high = high, low
             lo, hi = lo + low, hi + high
-        return lo, hi
+        return None if sympy.nan in (lo, hi) else (lo, hi)
 
     def evaluate(self, rel):
         """True / False when `rel` holds / fails for every value in the ranges, else None."""

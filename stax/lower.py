@@ -122,8 +122,11 @@ def _reshape_reindex(old_shape, new_shape):
         while po != pn:
             if _grow_old_side(po, pn) and i < len(old):
                 oi.append(i); po *= old[i]; i += 1
-            else:
+            elif j < len(new):
                 nj.append(j); pn *= new[j]; j += 1
+            else:   # symbolic sizes equal only under a guard (s0*s1 == 60): one group of all dims
+                groups, oi, nj, i, j = [], list(range(len(old))), list(range(len(new))), len(old), len(new)
+                break
         groups.append((oi, nj))
 
     def reindex(idx):
@@ -166,7 +169,7 @@ def _view_reindex(op, params, in_shape, out_shape):
         return lambda idx: [start + step * i if k == d else i for k, i in enumerate(idx)]
     if op == "select":
         d, index = params["dim"], params["index"]
-        return lambda idx: list(idx[:d]) + [sympy.Integer(index)] + list(idx[d:])
+        return lambda idx: list(idx[:d]) + [sympy.sympify(index)] + list(idx[d:])
     if op == "reshape":
         return _reshape_reindex(in_shape, out_shape)
     raise NotImplementedError(op)

@@ -111,7 +111,10 @@ def select(x, dim, index):
     size = x.shape[dim]
     if not -size <= index < size:
         raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
-    index = index % size
+    if isinstance(size, SymbolicInt) or isinstance(index, SymbolicInt):   # (§10: no modulo of a symbol)
+        index = index + size if index < 0 else index
+    else:
+        index = index % size
     m = x._meta
     return _view(x, "select", {"dim": dim, "index": index}, m.shape[:dim] + m.shape[dim + 1:],
                  m.stride[:dim] + m.stride[dim + 1:], m.offset + index * m.stride[dim])
@@ -252,7 +255,7 @@ def _symbolic_indices(k, n):
     """slice.indices for a symbolic size `n` (§10.4): the same clamps, each a decision (a guard
     where the ranges do not settle it), so `x[1:]`, `x[:-1]`, `x[2:n-1]` keep symbolic bounds."""
     step = 1 if k.step is None else operator.index(k.step)
-    if step <= 0:
+    if step != 1:       # a stepped slice's length is a floor division: the size is specialized
         return k.indices(operator.index(n))
 
     def clamp(v, default):
