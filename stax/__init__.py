@@ -94,6 +94,46 @@ def _key_of(x):
     return ("object", id(x))
 
 
+def _rank_key_of(x):
+    """§10.4 dynamic mode: a tensor's key holds its rank and which dims are 0 or 1 (specialized),
+    not its sizes; the rest of the layout is checked by each artifact's guard function."""
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
+    return _key_of(x)
+
+
+def _dynamic_dims(args, kwargs, auto=None) -> dict:
+    """Input position (capture's placeholder order) -> the dims that become symbols: every dim
+    of a tensor argument (or those `auto` lists), none of a tensor inside a list, tuple or dict
+    (those stay specialized, §10.4)."""
+    out, pos = {}, 0
+    for top in list(args) + [kwargs[k] for k in sorted(kwargs or {})]:
+        for t in _capture.input_tensors([top]):
+            if t is not top:
+                out[pos] = ()
+            elif auto is not None:
+                out[pos] = tuple(auto.get(pos, ()))
+            else:
+                marked = getattr(t, "_stax_static", ())
+                out[pos] = tuple(d for d in range(t.ndim) if d not in marked)
+            pos += 1
+    return out
+
+
+def mark_dynamic(t, dim):
+    """`stax.mark_dynamic(t, dim)`: the next compile of a function taking `t` makes its dim `dim`
+    a symbol even on the first call (automatic dynamic mode, `dynamic=None`)."""
+    dims = set(getattr(t, "_stax_dynamic", ())) | {dim % builtins.max(t.ndim, 1)}
+    t._stax_dynamic = tuple(sorted(dims))
+
+
+def mark_static(t, dim):
+    """`stax.mark_static(t, dim)`: dim `dim` of `t` stays a concrete size, even with dynamic=True."""
+    dims = set(getattr(t, "_stax_static", ())) | {dim % builtins.max(t.ndim, 1)}
+    t._stax_static = tuple(sorted(dims))
+
+
 def _describe_change(old, new) -> str:
     """Which part of the key differs: the guard that failed, in words."""
     shared = [_capture.describe_aliasing(k[-1] if k and k[-1][0] == "aliasing" else None) for k in (old, new)]
@@ -364,9 +404,13 @@ class CompiledFunction:
     is compiled once; different functions compile concurrently.
     """
 
-    def __init__(self, fn, fullgraph: bool, mode, options):
+    def __init__(self, fn, fullgraph: bool, mode, options, dynamic=False):
         functools.update_wrapper(self, fn)
         self.fn, self.fullgraph, self.mode, self.options = fn, fullgraph, mode, options or {}
+        self.dynamic = dynamic          # False: sizes in the key; True: ranks (§10.4); None: automatic
+        self.guarded: dict = {}         # rank key -> [(guard function, entry)], tried in turn (§10.4)
+        self.seen_shapes: dict = {}     # rank key -> the input shapes of its first static compile
+        self.auto_dims: dict = {}       # rank key -> {input position: dims that changed}
         self.artifacts: dict = {}       # key -> (call, output spec, flat, constants, lifts, reads) or None: eager
         self.constants: dict = {}       # key -> real tensors the function closed over (lifted inputs)
         self.reads = None               # what the function reads besides its arguments (`_Read`s)
@@ -377,10 +421,10 @@ class CompiledFunction:
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
-    def _key(self, args, kwargs, lifted, alias):
-        key = tuple([_key_of(a) for a in args])
+    def _key(self, args, kwargs, lifted, alias, key_of=_key_of):
+        key = tuple([key_of(a) for a in args])
         if kwargs:
-            key += tuple((k, _key_of(v)) for k, v in sorted(kwargs.items()))
+            key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
         if alias is not None:                   # which tensor inputs share memory, and how
             key += (alias.pattern,)
         if self.reads:
@@ -399,11 +443,17 @@ class CompiledFunction:
                     self.reads = _reads_of(self.fn)
         lifted = []                             # tensors read from globals/closures/attributes
         alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
-        key = self._key(args, kwargs, lifted, alias)
-        entry = self.artifacts.get(key, _MISS)
-        if entry is _MISS:
-            with self._lock:
-                entry, key, lifted = self._compile(key, args, kwargs, lifted)
+        if self.dynamic is not False and alias is None:
+            entry, lifted = self._lookup_dynamic(args, kwargs)
+        else:
+            key = self._key(args, kwargs, lifted, alias)
+            entry = self.artifacts.get(key, _MISS)
+            if entry is _MISS:
+                with self._lock:
+                    entry, key, lifted = self._compile(key, args, kwargs, lifted)
+        return self._run(entry, args, kwargs, lifted, alias)
+
+    def _run(self, entry, args, kwargs, lifted, alias):
         if entry is None:
             self.stats["eager_calls"] += 1
             return self.fn(*args, **kwargs)
@@ -420,6 +470,108 @@ class CompiledFunction:
             return _capture.unflatten(spec, iter(outs), inputs)
         outs = call(alias.call_inputs(inputs) + consts)
         return _capture.unflatten(spec, iter(outs), alias.sources(inputs))
+
+    # ---- §10.4 dynamic mode: a rank key, several guarded artifacts under it ----
+
+    def _lookup_dynamic(self, args, kwargs):
+        """(entry, lifted) for a call in dynamic (or automatic) mode, compiling on a miss."""
+        lifted = []
+        if self.dynamic is None:                # automatic: an exact static artifact first
+            key = self._key(args, kwargs, lifted, None)
+            entry = self.artifacts.get(key, _MISS)
+            if entry is not _MISS:
+                return entry, lifted
+            lifted = []
+        rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
+        inputs = None
+        for guard, entry in self.guarded.get(rkey, ()):
+            inputs = inputs if inputs is not None else _capture.input_tensors(args, kwargs)
+            if guard(inputs):
+                return entry, lifted
+        with self._lock:
+            return self._compile_dynamic(rkey, args, kwargs, lifted), lifted
+
+    def _compile_dynamic(self, rkey, args, kwargs, lifted):
+        inputs = _capture.input_tensors(args, kwargs)
+        for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
+            if guard(inputs):
+                return entry
+        if self.reads is not None and [r.sig for r in _reads_of(self.fn)] != [r.sig for r in self.reads]:
+            self.reads = _reads_of(self.fn)
+            lifted.clear()
+            rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
+        name = getattr(self.fn, "__name__", "fn")
+        shapes = [tuple(t.shape) for t in inputs]
+        auto = None
+        if self.dynamic is None:
+            auto = self._auto_dims(rkey, shapes, inputs)
+            if auto is None:                    # the first call of this rank key: static
+                key = self._key(args, kwargs, lifted, None)
+                entry, _, _ = self._compile(key, args, kwargs, lifted)
+                return entry
+        total = len(self.artifacts) + builtins.sum(len(v) for v in self.guarded.values())
+        _log("recompiles", name, f"recompiling {name}: no artifact's guards hold for sizes {shapes}"
+             if total else f"compiling {name} with symbolic sizes")
+        if total >= RECOMPILE_LIMIT:
+            msg = f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); " \
+                  f"last inputs: sizes {shapes}"
+            if self.fullgraph:
+                raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
+            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=4)
+            self.guarded.setdefault(rkey, []).append((lambda inputs: True, None))
+            return None
+        dims = _dynamic_dims(args, kwargs, auto)
+        guard, entry = self._build_dynamic(rkey, args, kwargs, lifted, name, dims, inputs)
+        self.guarded.setdefault(rkey, []).append((guard, entry))
+        return entry
+
+    def _auto_dims(self, rkey, shapes, inputs):
+        """Automatic dynamic: None on the first call of a rank key (compile it static); after
+        that, the dims whose sizes changed since (plus those marked dynamic) become symbols."""
+        marked = {p: set(getattr(t, "_stax_dynamic", ())) for p, t in enumerate(inputs)}
+        first = self.seen_shapes.get(rkey)
+        if first is None and not builtins.any(marked.values()):
+            self.seen_shapes[rkey] = shapes
+            return None
+        dims = self.auto_dims.setdefault(rkey, {})
+        for p, shape in enumerate(shapes):
+            changed = {d for d in range(len(shape)) if first is not None and shape[d] != first[p][d]}
+            static = set(getattr(inputs[p], "_stax_static", ()))
+            dims[p] = sorted((set(dims.get(p, ())) | changed | marked[p]) - static)
+        return dims
+
+    def _build_dynamic(self, rkey, args, kwargs, lifted, name, dims, inputs):
+        """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
+        from . import dynshape, runtime
+        from .capture import GraphBreak, capture
+        t0 = time.perf_counter()
+        env = dynshape.ShapeEnv()
+        try:
+            graph, spec = capture(self.fn, list(args), kwargs, shape_env=env, dynamic_dims=dims)
+        except GraphBreak as e:
+            if self.fullgraph:
+                raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}. "
+                                 "Replace the data-dependent branch with stax.where(...), or drop "
+                                 "fullgraph=True to run the function eagerly.") from None
+            _log("graph", name, f"graph break, running eagerly: {e}")
+            return (lambda inputs: True), None
+        layouts = [(n.meta.shape, n.meta.stride) for n in graph.inputs if n.op == "placeholder"]
+        source = env.guard_source(layouts)
+        scope: dict = {}
+        exec(compile_source(source, f"<stax guard of {name}>"), scope)
+        guard = scope["guard"]
+        if not guard(inputs):
+            raise RuntimeError(f"stax internal error: the guards of {name} do not hold for the "
+                               f"inputs they were captured on:\n{source}")
+        gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
+        consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
+        lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
+        self.last_generated = gen
+        self.stats["compiles"] += 1
+        self.stats["compile_seconds"] += time.perf_counter() - t0
+        _log("guards", name, source)
+        return guard, (call, spec, False, consts, lifts, [r.value() for r in self.reads])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
@@ -485,17 +637,24 @@ class CompiledFunction:
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
 
 
-def compile(fn=None, *, dynamic: bool = False, fullgraph: bool = False, mode=None, options=None):
+def compile_source(source: str, filename: str):
+    """Python's builtin compile (this module's `compile` is stax.compile)."""
+    return builtins.compile(source, filename, "exec")
+
+
+def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, mode=None, options=None):
     """Compile `fn` (also usable as `@stax.compile` and `@stax.compile(...)`).
 
-    dynamic: dynamic shapes (§10) are not implemented yet; True raises.
+    dynamic: False: one specialization per input shape (the key holds sizes and strides).
+             True: sizes are symbols (§10.4): the key holds ranks, and each artifact carries a
+             guard function on the layouts it serves (STAX_LOGS=guards prints it).
+             None: automatic dynamic: the first call compiles static; a later call that differs
+             only in sizes compiles one artifact in which the dims that changed are symbols.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
     mode: None/"default" (the CPU back end ignores "reduce-overhead" and "max-autotune").
     """
-    if dynamic:
-        raise NotImplementedError("stax.compile(dynamic=True): dynamic shapes (§10) are not "
-                                  "implemented yet; use dynamic=False (the default): each new "
-                                  "shape compiles its own specialization")
+    if dynamic not in (None, True, False):
+        raise ValueError(f"stax.compile: dynamic must be None, True or False, got {dynamic!r}")
     if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         raise ValueError(f"stax.compile: unknown mode {mode!r}; choose None, 'default', "
                          "'reduce-overhead' or 'max-autotune'")
@@ -503,4 +662,4 @@ def compile(fn=None, *, dynamic: bool = False, fullgraph: bool = False, mode=Non
         return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options)
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
-    return CompiledFunction(fn, fullgraph, mode, options)
+    return CompiledFunction(fn, fullgraph, mode, options, dynamic)

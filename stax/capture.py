@@ -101,8 +101,10 @@ def _user_frame() -> str:
 class Tracer:
     lifts_constants = True      # ops on real (global/closure) tensors are recorded, not run (tensor._dispatch)
 
-    def __init__(self):
+    def __init__(self, shape_env=None, dynamic_dims=None):
         self.graph = Graph()
+        self.shape_env = shape_env      # §10: a dynshape.ShapeEnv when sizes are symbols, else None
+        self.dynamic_dims = dynamic_dims    # input position -> dims made symbols (None: every dim)
         self.counts: dict = {}
         self.const_ids: dict = {}       # id(real tensor) -> constant node
         self.sources: dict = {}         # placeholder node -> index into the call's input sources
@@ -117,7 +119,10 @@ class Tracer:
         node = Node(f"arg{len(self.graph.inputs)}_1", "placeholder", [], {}, meta)
         self.graph.inputs.append(node)
         self.sources[node] = source
-        proxy = Tensor._proxy(node.meta, node)
+        if self.shape_env is not None:      # §10.4: one symbol per dim (0 and 1 specialized)
+            dims = None if self.dynamic_dims is None else self.dynamic_dims.get(source, ())
+            node.meta = symbolic_meta(self.shape_env, meta, source, dims)
+        proxy = Tensor._proxy(self._proxy_meta(node.meta), node)
         proxy._origin = node
         return proxy
 
@@ -139,7 +144,25 @@ class Tracer:
             x._seen = base._version
         return x._node
 
+    def _proxy_meta(self, meta):
+        """What traced code sees of a node's metadata: its sizes as SymInts (dynamic mode)."""
+        if self.shape_env is None:
+            return meta
+        from . import dynshape      # (sympy is loaded only when sizes are symbols)
+        env = self.shape_env
+        return Meta(tuple(dynshape.wrap(s, env) for s in meta.shape),
+                    tuple(dynshape.wrap(s, env) for s in meta.stride), meta.dtype, meta.device,
+                    dynshape.wrap(meta.offset, env))
+
     def record(self, op, inputs, params, metas):
+        if self.shape_env is not None:
+            from . import dynshape
+            # sizes in scalar operands, metadata and parameters enter the graph as sympy
+            # expressions (the kernels read them as run-time ints)
+            inputs = [x.expr if isinstance(x, dynshape.SymInt) else x for x in inputs]
+            params = dynshape.to_sympy(params)
+            metas = [Meta(dynshape.to_sympy(tuple(m.shape)), dynshape.to_sympy(tuple(m.stride)),
+                          m.dtype, m.device, dynshape.to_sympy(m.offset)) for m in metas]
         args = [[self._node_of(y) for y in x] if isinstance(x, (list, tuple)) else self._node_of(x)
                 for x in inputs]
         base = None
@@ -150,7 +173,7 @@ class Tracer:
             name = self._name(op if k == 0 else f"{op}_out{k}")
             node = Node(name, op, args, dict(params), self._bind_unbacked(meta, name))
             self.graph.nodes.append(node)
-            proxy = Tensor._proxy(node.meta, node)
+            proxy = Tensor._proxy(self._proxy_meta(node.meta), node)
             proxy._seen = getattr(base, "_version", 0)
             outs.append(proxy)
         return outs
@@ -197,6 +220,25 @@ def _contiguous_strides(shape) -> tuple:
         stride.append(acc)
         acc = acc * s
     return tuple(reversed(stride))
+
+
+def symbolic_meta(env, meta, source: int, dims=None):
+    """§10.4: an input's metadata over symbols. Each size >= 2 of a dim in `dims` (None: every dim)
+    is a symbol; strides that are the running products of sizes in stride order (a dense layout,
+    any permutation of it) are those products, the others stay concrete (and are guarded)."""
+    import sympy
+    shape = [env.create_symbol(n, (source, d)) if dims is None or d in dims else sympy.Integer(n)
+             for d, n in enumerate(meta.shape)]
+    stride = [sympy.Integer(st) for st in meta.stride]
+    order = sorted((d for d in range(len(shape)) if meta.shape[d] > 1 and meta.stride[d] != 0),
+                   key=lambda d: meta.stride[d])
+    acc_hint, acc = 1, sympy.Integer(1)
+    for d in order:
+        if meta.stride[d] != acc_hint:
+            break
+        stride[d] = acc
+        acc_hint, acc = acc_hint * meta.shape[d], acc * shape[d]
+    return Meta(tuple(shape), tuple(stride), meta.dtype, meta.device, 0)
 
 
 def _meta_of(t) -> object:
@@ -564,7 +606,7 @@ def input_tensors(args, kwargs=None) -> list:
     return found
 
 
-def capture(fn, args: list, kwargs: dict | None = None):
+def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
     Non-tensor arguments are passed through unchanged (their values are part of the key).
@@ -574,7 +616,7 @@ def capture(fn, args: list, kwargs: dict | None = None):
     """
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
-    tracer = Tracer()
+    tracer = Tracer(shape_env, dynamic_dims)
     real = input_tensors(args, kwargs)
     alias = aliasing(real)
     prev = set_tracer(tracer)

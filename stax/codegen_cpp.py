@@ -323,12 +323,16 @@ class CppKernel:
         text = "\n".join(loops)
         for name in sorted(rename, key=len, reverse=True):
             text = _replace_word(text, f"{name}[", f"{rename[name]}[")
-        syms = sorted({s.name for s in _free_symbols(self.group)}, key=str)
+        # sizes that are symbols (§10.3: loop bounds, strides and offsets in indices) are parameters
+        syms = sorted({s.name for s in _free_symbols(self.group)} | set(_SIZE_SYMBOL.findall(text)), key=str)
         decls = [d for _, d in params] + [f"int64_t {s}" for s in syms]
         origins = ", ".join(dict.fromkeys(self.group.origins))
         sig = f'extern "C" void {self.name}({", ".join(decls)})'
         src = f"// {self.name}: computes {origins}\n{sig}\n{{\n{_indent(text)}\n}}\n"
         return src, sig.replace('extern "C" ', "") + ";", [n for n, _ in params], syms
+
+
+_SIZE_SYMBOL = re.compile(r"(?<![A-Za-z0-9_])(s[0-9]+)(?![A-Za-z0-9_])")
 
 
 def _replace_word(text, old, new):

@@ -205,7 +205,9 @@ def contiguous_strides(shape) -> tuple:
     strides, acc = [], sympy.Integer(1)
     for s in reversed(shape):
         strides.append(acc)
-        acc = acc * sympy.Max(s, 1) if not isinstance(s, (int, sympy.Integer)) else acc * max(int(s), 1)
+        # a symbolic size (§10) multiplies in as it is: where it is 0 there is no element to index,
+        # so the strides do not matter (and a Max would reach the kernels' index printers)
+        acc = acc * s if not isinstance(s, (int, sympy.Integer)) else acc * max(int(s), 1)
     return tuple(reversed(strides))
 
 

@@ -82,6 +82,8 @@ def _check_scalar(x, dtype):
 
 
 def _scalar_value(x, dtype):
+    if isinstance(x, sympy.Expr) and not x.is_Number:   # a size used as a scalar (§10.4)
+        return Value((), dtype, lambda idx: ops.index_expr(x, compute_dtype(dtype)))
     _check_scalar(x, compute_dtype(dtype))
     return Value((), dtype, lambda idx: ops.constant(x, compute_dtype(dtype)))
 
@@ -118,10 +120,13 @@ def _reshape_reindex(old_shape, new_shape):
         if j < len(new):
             nj, pn, j = [j], new[j], j + 1
         while po != pn:
-            if (po < pn) == sympy.true and i < len(old):
+            if _grow_old_side(po, pn) and i < len(old):
                 oi.append(i); po *= old[i]; i += 1
-            else:
+            elif j < len(new):
                 nj.append(j); pn *= new[j]; j += 1
+            else:   # symbolic sizes equal only under a guard (s0*s1 == 60): one group of all dims
+                groups, oi, nj, i, j = [], list(range(len(old))), list(range(len(new))), len(old), len(new)
+                break
         groups.append((oi, nj))
 
     def reindex(idx):
@@ -139,6 +144,17 @@ def _reshape_reindex(old_shape, new_shape):
     return reindex
 
 
+def _grow_old_side(po, pn) -> bool:
+    """Which side of a reshape group is short: the old one when po < pn. With symbolic sizes
+    (§10.3) `po < pn` is decided structurally: the old side is short when its product divides the
+    new one's (s0 vs 4*s0*s1) -- both products run over the same elements, so a group always closes."""
+    if po.is_Integer and pn.is_Integer:
+        return bool(po < pn)
+    if sympy.expand(po - pn) == 0:
+        return False
+    return sympy.fraction(sympy.cancel(pn / po))[1] == 1
+
+
 def _view_reindex(op, params, in_shape, out_shape):
     if op == "permute":
         dims = params["dims"]
@@ -153,7 +169,7 @@ def _view_reindex(op, params, in_shape, out_shape):
         return lambda idx: [start + step * i if k == d else i for k, i in enumerate(idx)]
     if op == "select":
         d, index = params["dim"], params["index"]
-        return lambda idx: list(idx[:d]) + [sympy.Integer(index)] + list(idx[d:])
+        return lambda idx: list(idx[:d]) + [sympy.sympify(index)] + list(idx[d:])
     if op == "reshape":
         return _reshape_reindex(in_shape, out_shape)
     raise NotImplementedError(op)
@@ -245,12 +261,14 @@ def _as_meta(x):
     """What result_type needs of an operand: a data-less tensor with its dtype and rank."""
     if isinstance(x, Value):
         return Tensor._proxy(Meta(tuple(x.shape), (), x.dtype), None)
-    return x
+    return 0 if isinstance(x, sympy.Expr) and not x.is_Number else x    # a size: a Python int
 
 
 def _lower_factory(node) -> Value:
     p, shape, dtype = node.params, tuple(node.meta.shape), node.meta.dtype
     if node.op == "full":
+        if isinstance(p["value"], sympy.Expr) and not p["value"].is_Number:     # a size (§10.4)
+            return Value(shape, dtype, lambda idx: ops.index_expr(p["value"], compute_dtype(dtype)))
         _check_scalar(p["value"], compute_dtype(dtype))
         return Value(shape, dtype, lambda idx: ops.constant(p["value"], compute_dtype(dtype)))
     # arange: value = start + step * i0

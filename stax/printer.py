@@ -127,4 +127,6 @@ class IndexPrinter:
         raise NotImplementedError
 
     def other(self, e) -> str:
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:   # s0**2 (§10: a square's size)
+            return "*".join([self.paren(e.base)] * int(e.exp))
         raise NotImplementedError(f"cannot print index {e}")

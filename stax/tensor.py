@@ -87,6 +87,12 @@ def get_num_threads():
     return _NUM_THREADS
 
 
+class SymbolicInt:
+    """The base of a size that is an expression while tracing in dynamic mode (§10): dynshape.SymInt
+    implements it. Here only so that the op functions can accept one as a scalar (specialized)."""
+    __slots__ = ()
+
+
 @dataclass
 class Meta:
     """What the compiler knows about a tensor without its data. Sizes may be sympy expressions."""
@@ -285,6 +291,8 @@ def result_type(*args):
             g, d = (0 if a.ndim > 0 else 1), a.dtype
         elif isinstance(a, DType):
             g, d = 1, a
+        elif isinstance(a, SymbolicInt):    # a size used as a scalar (§10): a Python int
+            g, d = 2, int64
         else:
             g, d = 2, _scalar_dtype(a)
         groups[g] = d if groups[g] is None else promote_types(groups[g], d)
@@ -327,7 +335,9 @@ def _wrap_dim(d, ndim):
 
 def _plain_int(v):
     """A size as an exact Python int: an int subclass's own hooks (repr, arithmetic) never travel
-    on into graphs, keys or generated code."""
+    on into graphs, keys or generated code. A symbolic size (§10) stays symbolic."""
+    if isinstance(v, SymbolicInt):
+        return v
     v = operator.index(v)
     return v if type(v) is int else int.__int__(v)
 
@@ -353,6 +363,8 @@ def _has_tensor(x):
 def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool)) or type(x) in (_b.int, _b.float):
+        return x
+    if isinstance(x, SymbolicInt):      # a size as a scalar operand: a run-time int in the graph (§10.4)
         return x
     if isinstance(x, _b.int):           # subclasses become plain values (see _plain_int)
         return int.__int__(x)

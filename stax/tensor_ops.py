@@ -28,7 +28,7 @@ import numpy as np
 
 from .dtypes import _HALF, DType, bfloat16, bool_, can_cast, float16, float32, float64, int32, int64
 from .op_table import OPS
-from .tensor import (Meta, Tensor, _contig, _device, _meta, _move, _norm_device, _numel, _op,
+from .tensor import (Meta, SymbolicInt, Tensor, _contig, _device, _meta, _move, _norm_device, _numel, _op,
                      _scalar, _shape_args, _wrap_dim, _write, current_tracer, full, result_type, tensor)
 
 __all__ = """permute expand expand_as select view reshape unsqueeze squeeze flatten transpose t
@@ -111,7 +111,10 @@ def select(x, dim, index):
     size = x.shape[dim]
     if not -size <= index < size:
         raise IndexError(f"index {index} is out of bounds for dimension {dim} with size {size}")
-    index = index % size
+    if isinstance(size, SymbolicInt) or isinstance(index, SymbolicInt):   # (§10: no modulo of a symbol)
+        index = index + size if index < 0 else index
+    else:
+        index = index % size
     m = x._meta
     return _view(x, "select", {"dim": dim, "index": index}, m.shape[:dim] + m.shape[dim + 1:],
                  m.stride[:dim] + m.stride[dim + 1:], m.offset + index * m.stride[dim])
@@ -236,7 +239,8 @@ def _getitem(x, key):
             x = unsqueeze(x, dim)
             dim += 1
         elif isinstance(k, _b.slice):
-            start, stop, step = k.indices(x.shape[dim])
+            start, stop, step = (k.indices(x.shape[dim]) if not isinstance(x.shape[dim], SymbolicInt)
+                                 else _symbolic_indices(k, x.shape[dim]))
             if step <= 0:
                 raise ValueError("step must be greater than zero")
             if (start, stop, step) != (0, x.shape[dim], 1):   # a full ':' needs no view op
@@ -245,6 +249,24 @@ def _getitem(x, key):
         else:
             x = select(x, dim, operator.index(k))
     return x
+
+
+def _symbolic_indices(k, n):
+    """slice.indices for a symbolic size `n` (§10.4): the same clamps, each a decision (a guard
+    where the ranges do not settle it), so `x[1:]`, `x[:-1]`, `x[2:n-1]` keep symbolic bounds."""
+    step = 1 if k.step is None else operator.index(k.step)
+    if step != 1:       # a stepped slice's length is a floor division: the size is specialized
+        return k.indices(operator.index(n))
+
+    def clamp(v, default):
+        if v is None:
+            return default
+        v = v if isinstance(v, SymbolicInt) else operator.index(v)
+        if v < 0:
+            v = v + n
+            return 0 if v < 0 else v
+        return n if v > n else v
+    return clamp(k.start, 0), clamp(k.stop, n), step
 
 
 # ---- Pointwise ops ----
@@ -874,6 +896,8 @@ def _operand(f, reverse=False):
     def method(self, other):
         if isinstance(other, np.ndarray):
             other = tensor(other)
+        elif isinstance(other, SymbolicInt):
+            pass                        # a size as a scalar operand: a run-time int (§10.4)
         elif not isinstance(other, (Tensor, _b.bool, _b.int, _b.float, np.generic)):
             return NotImplemented
         return f(other, self) if reverse else f(self, other)

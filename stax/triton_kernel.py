@@ -27,6 +27,8 @@ import math
 import operator
 from dataclasses import dataclass
 
+import re
+
 import sympy
 
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
@@ -449,7 +451,7 @@ def var_lines(axis) -> list:
         return [f"{axis.dims[0]} = {axis.prefix}index"]
     lines, div = [], sympy.Integer(1)
     for sym, size in zip(reversed(axis.dims), reversed(axis.sizes)):
-        base = f"{axis.prefix}index" if div == 1 else f"({axis.prefix}index // {texpr(div)})"
+        base = f"{axis.prefix}index" if div == 1 else f"({axis.prefix}index // {_INDEX.paren(div)})"
         last = sym == axis.dims[0]
         lines.append(f"{sym} = {base}" if last else f"{sym} = {base} % {_INDEX.paren(size)}")
         div = div * size
@@ -487,7 +489,7 @@ def pointwise_kernel(k: TritonKernel) -> tuple:
         k.locals[node.name] = value
         if node.name not in k.sched.kernel_local:
             stores.append(k.store(node, value, xvars, []))
-    head = [f"{a.prefix}numel = {texpr(a.numel)}" for a in k.axes]
+    head = numel_lines(k.axes)
     grid_dims = {a.prefix: i for i, a in enumerate(reversed(k.axes))}   # x is program_id(0)
     for a in k.axes:
         head += axis_lines(k, a, grid_dims[a.prefix])
@@ -496,7 +498,16 @@ def pointwise_kernel(k: TritonKernel) -> tuple:
     return "poi", head + p.lines + stores, None
 
 
+def numel_lines(axes) -> list:
+    """`xnumel = 128` at the top of the body (Listing 9.2's form) where a size is a number; a
+    symbolic size (§10.3) is only the parameter the wrapper passes, bound from the arguments."""
+    return [f"{a.prefix}numel = {texpr(a.numel)}" for a in axes if sympy.sympify(a.numel).is_Integer]
+
+
 # ---- §9.1 Printing a whole kernel ----
+
+_SIZE_SYMBOL = re.compile(r"(?<![A-Za-z0-9_])(s[0-9]+)(?![A-Za-z0-9_])")
+
 
 
 def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
@@ -518,11 +529,12 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     for n, pname in rename.items():
         text = text.replace(f"@{n}@", pname)
     numels = [f"{a.prefix}numel" for a in k.axes]
+    syms = sorted(set(_SIZE_SYMBOL.findall(text)), key=str)     # §10.3: sizes in indices
     blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
-    sig = [rename[n] for n in params] + numels + [f"{b} : tl.constexpr" for b in blocks]
+    sig = [rename[n] for n in params] + syms + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {next_pow2(int(a.numel)) if a.numel.is_Integer else 8192}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
-    signature.update({nm: "i64" if k.index64 else "i32" for nm in numels})
+    signature.update({nm: "i64" if k.index64 else "i32" for nm in syms + numels})
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
     extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
         ", tile_hint=TileHint.DEFAULT" if len(k.axes) >= 2 else "")
@@ -532,4 +544,4 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
            f"@triton.jit\n"
            f"def {name}({', '.join(sig)}):\n"
            + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
-    return name, src, params, [texpr(a.numel) for a in k.axes]
+    return name, src, params, syms + [texpr(a.numel) for a in k.axes]

@@ -11,7 +11,8 @@ end adds its own parts: the C++ wrapper's `launch_prologue()` and `kernels.NAME(
 Triton wrapper's `with stax.cuda.device(0):` and `NAME.run(..., stream=raw_stream0)` (Listing 9.6).
 
 Where to look:
-  - `wrapper_prologue` ........ unpack and clear `args`, `assert_size_stride` each input
+  - `wrapper_prologue` ........ unpack and clear `args`, bind the size symbols (§10.3:
+                                `size_bindings`), `assert_size_stride` each input
   - `wrapper_launches` ........ each group's lines, then `del` of the buffers it read last (§7.5)
   - `extern_call` ............. a fallback kernel's line and the data-dependent sizes it defines
   - `pyshape`, `pyarg`, `pyparams`  Python literals of shapes, operands and parameters
@@ -35,7 +36,7 @@ from .schedule import dead_after
 # could otherwise print itself as code (its __repr__/__str__/__format__) and run inside `call`.
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SIZE_FUNCS = {"Add", "Mul", "Pow", "FloorDiv", "ModularIndexing", "Max", "Min"}
+_SIZE_FUNCS = {"Add", "Mul", "Pow", "FloorDiv", "ModularIndexing", "Max", "Min", "floor"}
 
 
 def pyname(name) -> str:
@@ -63,7 +64,8 @@ def pysize(s) -> str:
             elif not (node.is_Rational or type(node).__name__ in _SIZE_FUNCS):
                 break
         else:
-            return str(s)
+            from .dynshape import pyexpr          # §10: FloorDiv as //, Max as max(...)
+            return pyexpr(s)
     raise TypeError(f"Stax will not print the size {s!r} (type {type(s).__name__}) into generated "
                     "code: sizes must be ints or expressions of size symbols")
 
@@ -75,7 +77,7 @@ def _preorder(e):
 
 
 def pyshape(shape) -> str:
-    """A shape or stride as a tuple literal: `(64, 2)`, `(64,)`, `()`."""
+    """A shape or stride as a tuple literal: `(64, 2)`, `(64,)`, `()`, `(s0, 128)`."""
     items = [pysize(s) for s in shape]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
@@ -141,9 +143,22 @@ def wrapper_prologue(low, assert_extra: str = "") -> list:
     if names:
         lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
     lines.append("    args.clear()")
+    lines += size_bindings(low)
     for b, name in zip(low.inputs, names):
         lines.append(f"    assert_size_stride({name}, {pyshape(b.layout.shape)}, "
                      f"{pyshape(b.layout.stride)}{assert_extra})")
+    return lines
+
+
+def size_bindings(low, indent: str = "    ") -> list:
+    """§10.3: each size symbol read from the first input dim it names, on every call
+    (`s0 = arg0_1.shape[0]`); the guard function has checked the rest of the layout."""
+    lines, bound = [], set()
+    for b in low.inputs:
+        for d, s in enumerate(b.layout.shape):
+            if getattr(s, "is_Symbol", False) and s not in bound and s not in low.unbacked:
+                bound.add(s)
+                lines.append(f"{indent}{pyname(str(s))} = {pyname(b.name)}.shape[{int(d)}]")
     return lines
 
 

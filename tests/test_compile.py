@@ -54,9 +54,19 @@ def check_all(got: dict, want: dict, dtypes: dict | None = None):
         check(got[k], want[k], (dtypes or {}).get(k), msg=k)
 
 
+_DYNAMIC = [False]     # set by the `dynamic` fixture: the tests taking it run static and dynamic (§10)
+
+
+@pytest.fixture(params=[False, True], ids=["static", "dynamic"])
+def dynamic(request):
+    _DYNAMIC[0] = request.param
+    yield request.param
+    _DYNAMIC[0] = False
+
+
 def run(fn, *args, **kwargs):
     """Compile `fn`, call it once, and return (result, CompiledFunction)."""
-    cf = stax.compile(fn)
+    cf = stax.compile(fn, dynamic=_DYNAMIC[0])
     out = cf(*args, **kwargs)
     assert cf.stats["compiles"] == 1 and cf.stats["eager_calls"] == 0, cf.stats
     return out, cf
@@ -91,7 +101,7 @@ def test_unary_ops(rng):
     check_all(got, want, {"isnan": stax.bool, "isinf": stax.bool, "exp": stax.float32})
 
 
-def test_binary_ops_tensor_broadcast_scalar_reversed(rng):
+def test_binary_ops_tensor_broadcast_scalar_reversed(dynamic, rng):
     x, y, b = rand(rng, 5, 33), nonzero_rand(rng, 5, 33), nonzero_rand(rng, 33)
     p = rand(rng, 5, 33, lo=0.2, hi=2)
 
@@ -181,7 +191,7 @@ def test_bool_max_reductions_start_from_false(rng):
     assert got[2].tolist() == [True, False] and got[3].tolist() == [-5, -4, -5]
 
 
-def test_where_clamp_casts(rng):
+def test_where_clamp_casts(dynamic, rng):
     x, y = rand(rng, 4, 17), rand(rng, 4, 17)
 
     def f(x, y):
@@ -217,7 +227,7 @@ REDUCTION_DIMS = [0, -1, [0, 2], (1,), None]
 
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("dim", REDUCTION_DIMS, ids=str)
-def test_reductions(rng, dim, keepdim):
+def test_reductions(dynamic, rng, dim, keepdim):
     x = rand(rng, 4, 7, 9)
     npdim = None if dim is None else tuple(dim) if isinstance(dim, (list, tuple)) else dim
 
@@ -249,7 +259,7 @@ def test_reductions(rng, dim, keepdim):
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
-def test_arg_reductions_and_max_min(rng, dim):
+def test_arg_reductions_and_max_min(dynamic, rng, dim):
     x = rand(rng, 6, 37)
 
     def f(x):
@@ -266,7 +276,7 @@ def test_arg_reductions_and_max_min(rng, dim):
     assert got[0].dtype is stax.int64 and got[6].dtype is stax.int64
 
 
-def test_cumsum_softmax_layer_norm_gelu_silu(rng):
+def test_cumsum_softmax_layer_norm_gelu_silu(dynamic, rng):
     x, w, b = rand(rng, 6, 45), rand(rng, 45), rand(rng, 45)
     x3 = rand(rng, 3, 4, 5)
 
@@ -301,7 +311,7 @@ def test_cumsum_softmax_layer_norm_gelu_silu(rng):
     check_all(got, want)
 
 
-def test_matmul_cat_stack(rng):
+def test_matmul_cat_stack(dynamic, rng):
     a, b, c = rand(rng, 5, 7), rand(rng, 7, 3), rand(rng, 5, 7)
     ba, bb = rand(rng, 2, 5, 7), rand(rng, 2, 7, 3)
     v = rand(rng, 7)
@@ -346,7 +356,7 @@ def test_fallback_inputs_that_are_views_are_not_copied(rng):
         assert_close(stax.compile(fn)(*args), want, stax.float32)
 
 
-def test_views(rng):
+def test_views(dynamic, rng):
     x, v = rand(rng, 6, 10), rand(rng, 10)
 
     def f(x, v):
@@ -381,7 +391,7 @@ def test_views(rng):
 # ---- the chapter's examples ----
 
 
-def test_chapter_examples(rng):
+def test_chapter_examples(dynamic, rng):
     x, y = rand(rng, 64, 128), rand(rng, 64, 128)
     yt = rand(rng, 128, 64)
     X, Y, YT = f64(x), f64(y), f64(yt)
@@ -402,7 +412,7 @@ def test_chapter_examples(rng):
     check(got, ln * f64(w) + f64(b))
 
 
-def test_mlp_block(rng):
+def test_mlp_block(dynamic, rng):
     x, w1, b1 = rand(rng, 16, 32), rand(rng, 32, 48, lo=-0.3, hi=0.3), rand(rng, 48)
     g, bb = rand(rng, 48), rand(rng, 48)
 
@@ -423,7 +433,7 @@ def test_mlp_block(rng):
 
 @pytest.mark.parametrize("shape", [(0, 7), (7, 0), (1, 1), (1, 7), (7, 1), (7,), (1,), (1000,),
                                    (3, 1000), (1000, 3), (33, 17)], ids=str)
-def test_odd_sizes(rng, shape):
+def test_odd_sizes(dynamic, rng, shape):
     x = rand(rng, *shape)
     X = f64(x)
     empty_rows = shape[-1] == 0
@@ -456,7 +466,7 @@ def test_odd_sizes(rng, shape):
     check_all(got, want)
 
 
-def test_size_one_reductions_are_not_loops(rng):
+def test_size_one_reductions_are_not_loops(dynamic, rng):
     """A reduction over size-1 dims is the element itself (argmax: 0), also with keepdim."""
     x = rand(rng, 5, 1, 3)
     got, cf = run(lambda x: (x.sum(1), x.amax(1, keepdim=True), x.argmax(1), x.mean((1,)),
@@ -483,7 +493,7 @@ def _inputs_of_every_layout(rng):
 
 @pytest.mark.parametrize("layout", ["transposed", "step_sliced", "offset_row", "offset_2d", "permuted",
                                     "broadcast_row", "broadcast_col", "scalar_expand"])
-def test_noncontiguous_and_broadcast_inputs(rng, layout):
+def test_noncontiguous_and_broadcast_inputs(dynamic, rng, layout):
     x = _inputs_of_every_layout(rng)[layout]
     assert not x.is_contiguous() or x.storage_offset() != 0
     X = f64(x)
@@ -555,7 +565,7 @@ def test_nan_inf_propagation(rng):
 
 
 @pytest.mark.parametrize("dtype", [stax.float16, stax.bfloat16, stax.float64])
-def test_float_dtypes(rng, dtype):
+def test_float_dtypes(dynamic, rng, dtype):
     x, y = rand(rng, 5, 37, dtype=dtype), rand(rng, 5, 37, dtype=dtype)
     X, Y = f64(x), f64(y)
 
@@ -653,7 +663,7 @@ def test_tensors_in_lists_and_kwargs_are_inputs(rng):
     assert cf.stats["compiles"] == 1
 
 
-def test_output_structures(rng):
+def test_output_structures(dynamic, rng):
     x, y = rand(rng, 3, 4), rand(rng, 4)
 
     def f(x, y):
@@ -771,11 +781,16 @@ def test_recompiles_log_names_the_failed_guard(rng, monkeypatch, capsys):
     assert "dtype" in err and "float64" in err
 
 
-def test_dynamic_true_is_not_implemented():
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        stax.compile(lambda x: x, dynamic=True)
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        stax.compile(dynamic=True)(lambda x: x)
+def test_dynamic_true_compiles_one_artifact_for_many_sizes(rng):
+    # (this was test_dynamic_true_is_not_implemented; §10 is implemented: tests/test_dynamic.py)
+    for cf in (stax.compile(lambda x: x * 3 - 1, dynamic=True),
+               stax.compile(dynamic=True)(lambda x: x * 3 - 1)):
+        for n in (5, 9, 17):
+            x = rand(rng, n)
+            check(cf(x), f64(x) * 3 - 1)
+        assert cf.stats["compiles"] == 1
+    with pytest.raises(ValueError, match="dynamic"):
+        stax.compile(lambda x: x, dynamic="yes")
 
 
 def test_decorator_forms(rng):

@@ -1,0 +1,188 @@
+"""§10 dynamic shapes: symbolic capture, guards, one artifact for many sizes (CPU and Triton).
+
+Example 10.4's three sequences are the acceptance checks; then compiled equals eager at sizes
+2..20, primes, powers of two ± 1 and sizes past a tile or persistent-reduction bound, on the CPU
+and through Triton's interpreter; then the shape environment itself (three-valued decisions,
+guards, duck sizing), automatic dynamic (`dynamic=None`) and mark_dynamic / mark_static.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import stax
+from stax import dynshape
+
+SIZES = list(range(2, 21)) + [31, 37, 63, 65, 127, 129, 255, 257, 1023, 1025, 2049]
+rng = np.random.default_rng(10)
+
+
+def _rand(*shape):
+    return stax.from_numpy(rng.standard_normal(shape).astype(np.float32))
+
+
+def _close(got, want):
+    got, want = np.asarray(got.cpu().numpy() if got.device != "cpu" else got.numpy()), want.numpy()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---- Example 10.4, exactly ----
+
+
+def test_example_10_4_branch_on_a_size_gives_two_artifacts():
+    def fn(x):
+        return x + 1 if x.shape[0] > 4 else x * 2
+    compiled = stax.compile(fn, dynamic=True)
+    for n in (3, 7, 2, 9, 4, 11):
+        x = stax.arange(n, dtype=stax.float32)
+        _close(compiled(x), fn(x))
+    assert compiled.stats["compiles"] == 2 and compiled.stats["eager_calls"] == 0
+
+
+def test_example_10_4_sizes_0_and_1_are_specialized():
+    fn = lambda x: x * 2 + 1
+    compiled = stax.compile(fn, dynamic=True)
+    for n in (3, 1, 0, 7, 1, 0, 11):
+        x = stax.arange(n, dtype=stax.float32)
+        _close(compiled(x), fn(x))
+    assert compiled.stats["compiles"] == 3
+
+
+def test_example_10_4_contiguous_and_transposed_alternately():
+    fn = lambda x: x * 2 + 1
+    compiled = stax.compile(fn, dynamic=True)
+    for k in range(6):
+        x = _rand(3 + k, 5 + 2 * k) if k % 2 == 0 else _rand(5 + 2 * k, 3 + k).t()
+        _close(compiled(x), fn(x))
+    assert compiled.stats["compiles"] == 2
+
+
+# ---- compiled equals eager at every size, one artifact ----
+
+FUNCTIONS = {
+    "ex1_1": lambda x, y: (stax.relu(x + y) * 2).sum(-1),
+    "softmax": lambda x, y: stax.softmax(x, -1),
+    "layer_norm": lambda x, y: stax.layer_norm(x, (x.shape[-1],)),
+    "mean_over_rows": lambda x, y: x.mean(0) - y.amax(0),
+    "reshape_infer": lambda x, y: (x.reshape(x.size(0), -1) * 2).sum(0),
+    "flatten": lambda x, y: x.reshape(-1) * 3,
+    "slices": lambda x, y: x[:, 1:] - y[:, :-1],
+    "transpose": lambda x, y: x.t() + y.t(),
+    "broadcast_row": lambda x, y: x + y[0],
+    "by_numel": lambda x, y: x.sum() / x.numel(),
+    "cat": lambda x, y: stax.cat([x, y * 2], 0).sum(0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_cpu_one_artifact_equals_eager_at_every_size(name):
+    fn = FUNCTIONS[name]
+    compiled = stax.compile(fn, dynamic=True)
+    for n in SIZES:
+        m = 3 + n % 7 if n > 100 else n + 3
+        x, y = _rand(n, m), _rand(n, m)
+        _close(compiled(x, y), fn(x, y))
+    assert compiled.stats["compiles"] == 1, compiled.stats
+    assert compiled.stats["eager_calls"] == 0
+
+
+@pytest.mark.parametrize("name", ["ex1_1", "softmax", "slices", "transpose", "reshape_infer", "by_numel"])
+def test_triton_interpreter_one_artifact_equals_eager(name, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fn = FUNCTIONS[name]
+    compiled = stax.compile(fn, dynamic=True)
+    for n in (2, 3, 5, 17, 33, 130):
+        x, y = _rand(n, 2 * n + 3), _rand(n, 2 * n + 3)
+        _close(compiled(x.to("cuda"), y.to("cuda")), fn(x, y))
+    assert compiled.stats["compiles"] <= 2
+
+
+def test_triton_kernel_takes_sizes_as_parameters_and_keeps_masks(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compiled = stax.compile(FUNCTIONS["ex1_1"], dynamic=True)
+    compiled(_rand(64, 128).to("cuda"), _rand(64, 128).to("cuda"))
+    text = str(compiled.last_generated)
+    assert "xnumel = " not in text.split("def call")[0]          # sizes are parameters, not constants
+    assert "r0_mask = r0_index < r0_numel" in text or "r0_mask" in text
+    assert "s0 = arg0_1.shape[0]" in text and "s1 = arg0_1.shape[1]" in text
+    assert "for r0_offset in tl.range(0, r0_numel" in text      # unbounded: the looped form
+
+
+def test_cpu_kernel_takes_sizes_as_parameters():
+    compiled = stax.compile(FUNCTIONS["ex1_1"], dynamic=True)
+    compiled(_rand(64, 128), _rand(64, 128))
+    gen = compiled.last_generated
+    kernel = next(iter(gen.kernels.values()))
+    assert "int64_t s0, int64_t s1" in kernel and "x0 < s0" in kernel
+    assert "s0 = arg0_1.shape[0]" in gen.wrapper and "empty((s0,), float32)" in gen.wrapper
+
+
+# ---- guards ----
+
+
+def test_guard_function_is_printed_and_reads_only_metadata(monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "guards")
+    compiled = stax.compile(lambda x: x + 1 if x.shape[0] > 4 else x * 2, dynamic=True)
+    compiled(_rand(3, 5))
+    err = capsys.readouterr().err
+    assert "def guard(inputs):" in err and "if s0 < 2: return False" in err
+    assert "s0 <= 4" in err and "m0.stride[0] != s1" in err
+
+
+def test_duck_sizing_shares_a_symbol_and_guards_the_equality():
+    compiled = stax.compile(lambda x, y: x + y, dynamic=True)
+    x, z = _rand(6, 6), _rand(6, 6)
+    _close(compiled(x, z.t()), x + z.t())
+    a, b = _rand(4, 4), _rand(4, 4)
+    _close(compiled(a, b.t()), a + b.t())
+    assert compiled.stats["compiles"] == 1
+    c, d = _rand(5, 7), _rand(5, 7)         # a non-square input: the shared symbol's guard fails
+    _close(compiled(c, d.t().contiguous().t()), c + d)
+    assert compiled.stats["compiles"] == 2
+
+
+def test_mismatched_sizes_still_raise_as_eager():
+    compiled = stax.compile(lambda x, y: x + y, dynamic=True)
+    with pytest.raises(RuntimeError, match="must match"):
+        compiled(_rand(3, 4), _rand(5, 4))
+
+
+def test_shape_env_three_valued_and_guards():
+    env = dynshape.ShapeEnv()
+    s = env.create_symbol(7, (0, 0))
+    assert env.create_symbol(7, (1, 0)) is s and env.create_symbol(1, (1, 1)) == 1
+    n = dynshape.SymInt(s, env)
+    assert (n != 1) is True and (n >= 2) is True and (n * 128 > 0) is True and not env.guards
+    assert env.evaluate(s > 4) is None and (n > 4) is True
+    assert env.guards == [s > 4]
+    assert (n * 128).expr == 128 * s and ((n * 6) // 3).expr == 2 * s
+    assert int(n) == 7 and env.guards[-1] == dynshape.sympy.Eq(s, 7)
+
+
+# ---- automatic dynamic (dynamic=None), mark_dynamic / mark_static ----
+
+
+def test_automatic_dynamic_compiles_at_most_twice():
+    fn = lambda x: (x * 2).sum(-1)
+    compiled = stax.compile(fn, dynamic=None)
+    for n in range(2, 40):
+        x = _rand(n, 16)
+        _close(compiled(x), fn(x))
+    assert compiled.stats["compiles"] == 2
+    gen = compiled.last_generated
+    assert "s0 = arg0_1.shape[0]" in gen.wrapper and "16" in gen.wrapper   # only dim 0 changed
+
+
+def test_mark_dynamic_and_mark_static():
+    fn = lambda x: x + 1
+    compiled = stax.compile(fn, dynamic=None)
+    x = _rand(5, 6)
+    stax.mark_dynamic(x, 0)
+    _close(compiled(x), fn(x))
+    assert "s0 = arg0_1.shape[0]" in compiled.last_generated.wrapper
+    pinned = stax.compile(fn, dynamic=True)
+    y = _rand(5, 6)
+    stax.mark_static(y, 1)
+    _close(pinned(y), fn(y))
+    assert "(s0, 6)" in pinned.last_generated.wrapper
