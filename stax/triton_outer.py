@@ -76,8 +76,12 @@ def outer_applies(k: TritonKernel) -> bool:
 
 def _x_order(names, exprs, weights) -> list:
     """The merged output dims, the one most bytes are contiguous along moved innermost (ties keep
-    the innermost): consecutive lanes of XBLOCK then read consecutive addresses."""
-    score = [sum(w for e, w in zip(exprs, weights) if sympy.sympify(e).coeff(v) == 1) for v in names]
+    the innermost): consecutive lanes of XBLOCK then read consecutive addresses. An access inside
+    the reduction loop (it uses a reduction variable) outweighs any once-per-output access."""
+    def bytes_of(e, w):
+        return w * (1 << 20) if sympy.sympify(e).free_symbols - set(names) else w
+    score = [sum(bytes_of(e, w) for e, w in zip(exprs, weights) if sympy.sympify(e).coeff(v) == 1)
+             for v in names]
     best = max(range(len(names)), key=lambda i: (score[i], i)) if names else 0
     return [i for i in range(len(names)) if i != best] + [best] if names else []
 
