@@ -1,6 +1,7 @@
 """GPU benchmark (issue 3): Stax's Triton kernels against the memory floor and torch.compile.
 
-Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`.
+Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`; a workload
+is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -43,7 +44,16 @@ WORKLOADS = {
     "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(512, 256, 512), (256, 512, 512), (512, 512, 256)]),
     # the simplest streaming kernel, as a reference for what a kernel (not the copy engine) attains
     "scale": (lambda x: x * 2, [(64 << 20,)]),
+    # reductions in every layout (issue 12, §9.4 OUTER): `python bench/gpu.py reductions`
+    "colsum:large": (lambda x: x.sum(0), [(32768, 8192)]),
+    "colsum:small": (lambda x: x.sum(0), [(4096, 1024)]),
+    "mean01": (lambda x: x.mean((0, 1)), [(64, 512, 2048)]),
+    "var0": (lambda x: x.var(0), [(8192, 4096)]),
+    "bnstats": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), [(32, 256, 56, 56)]),
+    "amax_mid": (lambda x: x.amax(1), [(256, 1024, 64)]),
+    "biasgrad": (lambda g: g.reshape(-1, 1024).sum(0), [(32, 512, 1024)]),
 }
+GROUPS = {"reductions": ["colsum:large", "colsum:small", "mean01", "var0", "bnstats", "amax_mid", "biasgrad"]}
 # matmuls: the plain tl.dot template (§9.8, correct first); TFLOP/s, not a fraction of a floor
 MATMULS = {
     "mm_bf16": (lambda a, b, c: stax.relu(a @ b + c), 8192, "bfloat16"),
@@ -111,6 +121,13 @@ def torch_time(name, shapes):
         "gelu": lambda h: 0.7 * (0.5 * (1 + torch.erf(h * 0.7071067811865476)) + h * torch.exp(-0.5 * h * h) * 0.3989422804014327),
         "tile3d": lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0),
         "scale": lambda x: x * 2,
+        "colsum:large": lambda x: x.sum(0),
+        "colsum:small": lambda x: x.sum(0),
+        "mean01": lambda x: x.mean((0, 1)),
+        "var0": lambda x: x.var(0),
+        "bnstats": lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))),
+        "amax_mid": lambda x: x.amax(1),
+        "biasgrad": lambda g: g.reshape(-1, 1024).sum(0),
     }
     args = [torch.randn(*s, device="cuda") for s in shapes]
     f = torch.compile(fns[name])
@@ -231,10 +248,20 @@ def compile_times():
     return [run(env, "cold compile"), run(env, "warm on-disk cache")]
 
 
+def selected(argv) -> list:
+    """Workloads named on the command line: a name (`softmax`, `colsum:small`), a family that is no
+    name itself (`colsum`: both column sums) or a group (`reductions`), in WORKLOADS' order."""
+    wanted = set()
+    for a in argv:
+        family = {n for n in WORKLOADS if n.split(":")[0] == a} if a not in WORKLOADS else {a}
+        wanted |= set(GROUPS.get(a, [])) | family
+    return [n for n in WORKLOADS if n in wanted]
+
+
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
-    names = [a for a in argv if a in WORKLOADS] or list(WORKLOADS)
-    mm_names = [a for a in argv if a in MATMULS] or ([] if any(a in WORKLOADS for a in argv) else list(MATMULS))
+    names = selected(argv) or list(WORKLOADS)
+    mm_names = [a for a in argv if a in MATMULS] or ([] if selected(argv) else list(MATMULS))
     props = cuda.get_device_properties()
     bw = copy_bandwidth()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")

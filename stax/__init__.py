@@ -359,7 +359,8 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
         from . import codegen_triton as backend
     else:
         from . import codegen_cpp as backend
-    lowered = lower.lower(graph, split_policy=backend.split_policy)
+    lowered = lower.lower(graph, split_policy=backend.split_policy,
+                          outer_split_policy=getattr(backend, "outer_split_policy", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
     sched = schedule.schedule(lowered)

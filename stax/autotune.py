@@ -289,6 +289,8 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
         if "ynumel" in numels:
             return {"YBLOCK": 32, "XBLOCK": 64, "num_warps": 4, "num_stages": 1}
         return {"XBLOCK": max(16, _pow2_at_most(x, 1024)), "num_warps": 4, "num_stages": 1}
+    if kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
+        return _outer_persistent_default(x, r0_block)
     if kind == "persistent_reduction":
         # the whole row lives in registers: keep XBLOCK × R0_BLOCK around 4K elements
         xblock = max(1, min(_pow2_at_most(max(x, 1), 64), 4096 // r0_block))
@@ -296,7 +298,7 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
         return {"XBLOCK": xblock, "num_warps": warps, "num_stages": 1}
     r = int(numels.get("r0_numel", 1))
     if reduction_hint == ReductionHint.OUTER:
-        return {"XBLOCK": 64, "R0_BLOCK": 8, "num_warps": 4, "num_stages": 1}
+        return dict(OUTER_LOOPED[0])
     return {"XBLOCK": 1, "R0_BLOCK": _pow2_at_most(max(r, 1), 2048), "num_warps": 8, "num_stages": 1}
 
 
@@ -343,7 +345,7 @@ def autotune_enabled(options: dict) -> bool:
     return options.get("autotune", os.environ.get("STAX_AUTOTUNE", "1") != "0")
 
 
-def tuning_space(kind: str, start: Config, numels: dict) -> dict:
+def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) -> dict:
     """Definition 9.2's Π for mode="max-autotune": powers of two around the kernel's sizes."""
     def pow2(lo, hi):
         out, v = [], lo
@@ -353,7 +355,9 @@ def tuning_space(kind: str, start: Config, numels: dict) -> dict:
         return out
     x = max(1, int(numels.get("xnumel", 1)))
     space = {"num_warps": [1, 2, 4, 8, 16, 32], "num_stages": [1, 2, 3]}
-    if kind == "persistent_reduction":
+    if kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
+        space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, 1024)))     # columns: a wide XBLOCK
+    elif kind == "persistent_reduction":
         space["XBLOCK"] = pow2(1, max(1, min(64, _pow2_at_most(x, 64))))
     else:
         space["XBLOCK"] = pow2(1, max(1, _pow2_at_most(x, MAX_XBLOCK if kind == "pointwise" else 1024)))
@@ -389,6 +393,8 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
         for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16)):
             if xb <= max(16, _pow2_at_most(x, 4096)):
                 out.append({"XBLOCK": xb, "num_warps": w, "num_stages": 1})
+    elif kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
+        out += _outer_persistent_candidates(x, r0_block)
     elif kind == "persistent_reduction":
         # rows in registers: the two smallest warp counts per XBLOCK that keep at most 32 elements
         # per thread (128 for one very long row: 8, 16 and 32 warps all stay in registers on a
@@ -399,14 +405,34 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
                 warps = [w for w in (4, 8, 16, 32) if xb * r0_block // (32 * w) <= limit][:2]
                 out += [{"XBLOCK": xb, "num_warps": w, "num_stages": 1} for w in warps]
     elif reduction_hint == ReductionHint.OUTER:
-        for xb, rb, w in ((64, 4, 8), (32, 16, 4), (8, 128, 4), (128, 8, 8)):
-            out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
+        out += [dict(c) for c in OUTER_LOOPED[1:]]
     else:
         r = max(1, int(numels.get("r0_numel", 1)))
         for xb, rb, w in ((1, 1024, 4), (1, 4096, 8), (1, 4096, 16), (2, 2048, 8), (1, 8192, 16)):
             if rb <= max(16, _pow2_at_most(r, 8192)):
                 out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
     return launchable(out, lambda c: grid_for(kind, numels, c))
+
+
+# §9.4 OUTER (triton_outer.py): blocks are [R0_BLOCK, XBLOCK] with XBLOCK along the contiguous
+# outputs. A warp reads a row segment of XBLOCK elements; R0_BLOCK rows a step are in flight.
+OUTER_LOOPED = [{"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1}
+                for xb, rb, w in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8),
+                                  (256, 16, 8), (64, 16, 4), (128, 64, 8))]
+
+
+def _outer_persistent_default(x: int, r0_block: int) -> Config:
+    """All R0_BLOCK ≤ 64 rows in registers: XBLOCK columns so a program holds about 4K elements."""
+    xblock = max(1, min(_pow2_at_most(max(x, 1), 1024), max(32, 4096 // r0_block), 256))
+    return {"XBLOCK": xblock, "num_warps": max(1, min(8, xblock * r0_block // 512)), "num_stages": 1}
+
+
+def _outer_persistent_candidates(x: int, r0_block: int) -> list:
+    out = []
+    for xb in (32, 64, 128, 256, 512):
+        if xb <= max(1, _pow2_at_most(x, 1024)) and xb * r0_block <= 16384:
+            out += [{"XBLOCK": xb, "num_warps": w, "num_stages": 1} for w in (4, 8)]
+    return out
 
 
 def launchable(configs: list, grid) -> list:

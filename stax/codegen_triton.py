@@ -29,6 +29,7 @@ import sympy
 
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
+from .triton_outer import outer_applies, outer_reduction_kernel
 from .triton_reduction import reduction_kernel
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, pysize, wrapper_launches,
                       wrapper_prologue)
@@ -49,6 +50,28 @@ def split_policy(numel_out, numel_red, target: Target | None = None) -> int:
         return -(-red // 8192)
     splits = 1 << max(0, math.ceil(math.log2(8 * sm / out)))   # enough programs for every SM
     return max(1, min(splits, red // 8192))
+
+
+OUTER_XBLOCK = 64           # the outputs one program of an OUTER kernel covers (autotune's default)
+OUTER_MAX_SPLITS = 64       # the partials' reduction stays persistent (§9.4's OUTER bound)
+OUTER_MIN_PIECE = 128       # rows each piece reduces, at least
+OUTER_MIN_ELEMENTS = 1 << 18    # below this one kernel beats two launches
+
+
+def outer_split_policy(numel_out, numel_red, target: Target | None = None) -> int:
+    """Alg. 6.1 for a reduction that reads across rows (§9.4 OUTER): a program covers OUTER_XBLOCK
+    outputs, so the outputs give out / OUTER_XBLOCK programs, not `out`; split the rows until there
+    are about four programs per SM. The partials are [splits, outputs] (lower.split_reduction)."""
+    sm = (target or current_target()).sm_count
+    out, red = sympy.sympify(numel_out), sympy.sympify(numel_red)
+    if not (out.is_Integer and red.is_Integer):
+        return 1
+    out, red = int(out), int(red)
+    programs = -(-out // OUTER_XBLOCK)
+    if programs >= 4 * sm or out * red < OUTER_MIN_ELEMENTS or red < 2 * OUTER_MIN_PIECE:
+        return 1
+    splits = 1 << math.ceil(math.log2(4 * sm / programs))
+    return max(1, min(splits, OUTER_MAX_SPLITS, red // OUTER_MIN_PIECE))
 
 
 # ---- §9.7 The module and its wrapper ----
@@ -115,7 +138,12 @@ def _fused_kernel(index: int, g, sched) -> tuple:
     """A fusion group's kernel text: ({name: source}, the buffers it takes, its numels, and the
     names of its two alternative forms when a multi-pass row has both (§9.4), else None)."""
     k = TritonKernel(index, g, sched)
-    form, lines, hint = pointwise_kernel(k) if g.kind == "pointwise" else reduction_kernel(k)
+    if g.kind == "pointwise":
+        form, lines, hint = pointwise_kernel(k)
+    elif outer_applies(k):           # §9.4 OUTER: reads across rows, coalesced along the outputs
+        form, lines, hint = outer_reduction_kernel(k)
+    else:
+        form, lines, hint = reduction_kernel(k)
     name, src, params, numels = finish(k, form, lines, hint)
     if k.other_form is None:
         return {name: src}, params, numels, None

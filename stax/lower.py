@@ -28,7 +28,7 @@ import sympy
 from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
-                 LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
+                 IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
                  simplify_index)
 from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
@@ -395,12 +395,14 @@ def _single_element_reduction(node, src: Value, kept) -> Value:
     return Value(tuple(node.meta.shape), out_dtype, body, cost=1 + src.cost)
 
 
-def split_reduction(red: Reduction, splits: int, new_name) -> list:
+def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) -> list:
     """Alg. 6.1: reduce each row in `splits` pieces (a monoid lets us), then reduce the pieces.
 
     Returns [first, second]; the first reduction has ranges + [splits] outputs, each reducing a
     contiguous piece of ceil(R / splits) elements of the flattened reduction space (padded with the
-    identity beyond R); the second reduces the `splits` partials of each row.
+    identity beyond R); the second reduces the `splits` partials of each row. With `outer` (a
+    reduction that reads across rows, §9.4's OUTER) the partials are [splits] + ranges instead: the
+    output dims stay innermost, so both kernels read and write them contiguously.
     """
     rnumel = sympy.prod(red.reduction_ranges)
     piece = -(-rnumel // splits)
@@ -417,7 +419,7 @@ def split_reduction(red: Reduction, splits: int, new_name) -> list:
     inner = red.inner_fn
 
     def first_fn(index, rindex):
-        *x, s = index
+        s, x = (index[0], index[1:]) if outer else (index[-1], index[:-1])
         flat = s * piece + rindex[0]
         if piece * splits == rnumel:
             return inner(x, unflatten(flat))
@@ -426,13 +428,14 @@ def split_reduction(red: Reduction, splits: int, new_name) -> list:
                           ops.constant(ident, red.src_dtype))
 
     name1 = new_name()
-    ranges1 = list(red.ranges) + [sympy.Integer(splits)]
+    ranges1 = [sympy.Integer(splits)] + list(red.ranges) if outer else list(red.ranges) + [sympy.Integer(splits)]
     first = Reduction(name1, red.src_dtype, ranges1, [sympy.Integer(piece)], red.reduction_type,
                       first_fn, red.src_dtype, Layout(tuple(ranges1), contiguous_strides(ranges1)),
                       list(red.origins))
     load1 = _load_from(name1, red.src_dtype, first.layout)
     second = Reduction(red.name, red.dtype, list(red.ranges), [sympy.Integer(splits)],
-                       red.reduction_type, lambda index, rindex: load1(list(index) + [rindex[0]]),
+                       red.reduction_type, lambda index, rindex: load1([rindex[0]] + list(index) if outer
+                                                                  else list(index) + [rindex[0]]),
                        red.src_dtype, red.layout, list(red.origins))
     return [first, second]
 
@@ -440,12 +443,14 @@ def split_reduction(red: Reduction, splits: int, new_name) -> list:
 # ---- §6 The lowering pass ----
 
 
-def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
+def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=None) -> LoweredGraph:
     """Lower every graph node; realize values into buffers where the data flow requires it.
 
     A pointwise value is inlined into its consumers (it never touches memory) unless it is a graph
     output, an input of a fallback kernel, or too expensive to recompute (`inline_limit` ops).
-    `split_policy(numel_out, numel_red) -> splits` is the back end's choice for Alg. 6.1 (1: none).
+    `split_policy(numel_out, numel_red) -> splits` is the back end's choice for Alg. 6.1 (1: none);
+    `outer_split_policy`, when the back end has one, decides instead for reductions that read across
+    rows (`reads_across_rows`), whose partials it lays out with the output dims innermost.
     """
     lo = _Lowering(inline_limit)
     lo.add_inputs(graph)
@@ -455,7 +460,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64) -> LoweredGraph:
     mutations = lo.write_back_mutations(graph)
     lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))
     if split_policy is not None:
-        _apply_split_policy(lowered, split_policy, lo.new_name)
+        _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy)
     return lowered
 
 
@@ -642,13 +647,28 @@ def _convert_loader(v: Value, dtype):
     return lambda idx: ops.to_dtype(v.loader(idx), compute_dtype(dtype))
 
 
-def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name):
+def reads_across_rows(red: Reduction) -> bool:
+    """§9.4's OUTER direction: no load of the reduction is contiguous along its innermost reduction
+    dim, and some load is contiguous along an output dim (a column sum, `amax` over a middle dim)."""
+    xv, rv = index_vars("x", len(red.ranges)), index_vars("r", len(red.reduction_ranges))
+    c = IndexCollector()
+    with set_handler(c):
+        red.inner_fn(xv, rv)
+    exprs = [sympy.sympify(e) for e, name in zip(c.exprs, c.names) if name is not None]
+    if not rv or not exprs or any(e.coeff(rv[-1]) == 1 for e in exprs):
+        return False
+    return any(e.coeff(v) == 1 for e in exprs for v in xv)
+
+
+def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_split_policy=None):
     out = []
     for buf in lowered.buffers:
         if isinstance(buf, Reduction) and buf.reduction_type in ("sum", "prod", "amax", "amin"):
-            splits = split_policy(sympy.prod(buf.ranges), sympy.prod(buf.reduction_ranges))
+            outer = outer_split_policy is not None and reads_across_rows(buf)
+            splits = (outer_split_policy if outer else split_policy)(
+                sympy.prod(buf.ranges), sympy.prod(buf.reduction_ranges))
             if splits > 1:
-                out.extend(split_reduction(buf, splits, new_name))
+                out.extend(split_reduction(buf, splits, new_name, outer=outer))
                 continue
         out.append(buf)
     lowered.buffers = out

@@ -86,12 +86,12 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
     return autotune.candidates(kind, numels, reduction_hint, r0_block)
 
 
-def tuning_space(kind: str, start: Config, numels: dict) -> dict:
+def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) -> dict:
     """Definition 9.2's Π for mode="max-autotune"."""
     if kind == "template":
         from .templates import template_tuning_space
         return template_tuning_space(start)
-    return autotune.tuning_space(kind, start, numels)
+    return autotune.tuning_space(kind, start, numels, reduction_hint)
 
 
 # ---- §9.7 Triton's interpreter (TRITON_INTERPRET=1): "cuda" tensors as host memory ----
@@ -412,7 +412,7 @@ class CachingAutotuner:
 
     def _search(self, search: str, start: Config, numels: dict, args) -> tuple:
         """mode="max-autotune": Algorithm 9.2 from the best candidate, or random search (Prop. 9.3)."""
-        space = tuning_space(self.kind, start, numels)
+        space = tuning_space(self.kind, start, numels, self.reduction_hint)
         cost = lambda cfg: self._measure(cfg, numels, args)   # noqa: E731
         if search == "random":
             q, delta = self.options.get("autotune_q", 0.05), self.options.get("autotune_delta", 0.05)

@@ -333,6 +333,7 @@ class TritonKernel:
         self.row_read_again = False                   # a later looped pass reads the row again
         self.force_form = None                        # 'red': print the looped form of a group
         self.other_form = None                        # that has a persistent one too (§9.4)
+        self.block_axes = None                        # the block's dims when not `axes` (OUTER: r0_, x)
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -354,7 +355,7 @@ class TritonKernel:
 
     # -- blocks and masks --
     def block_shape(self) -> str:
-        return "[" + ", ".join(a.block for a in self.axes) + "]"
+        return "[" + ", ".join(a.block for a in (self.block_axes or self.axes)) + "]"
 
     def mask_for(self, expr, extra=()) -> str:
         used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
@@ -378,8 +379,10 @@ class TritonKernel:
             return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
 
 
-def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
-    """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes."""
+def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=None):
+    """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes. `x_order(sizes,
+    exprs, weights)`, if given, permutes the merged output dims (the OUTER form puts the one its
+    loads are contiguous along innermost)."""
     xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
     k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
     accesses = all_accesses(k.group.nodes, xvars, rvars)
@@ -389,6 +392,9 @@ def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True):
     weights = [0 if name is None or name in k.sched.kernel_local else k.dtype_of(name).itemsize
                for _, name in accesses]                     # bytes each access moves per element
     cuts = _choose_tiling(exprs, weights, xm, xs) if (tiling_allowed and not rsizes) else ()
+    if x_order is not None:
+        perm = x_order(xm, exprs, weights)
+        xm, xs = [xm[i] for i in perm], [xs[i] for i in perm]
     # name printed variables by position: z dims, y dims, x dims, then r dims (Listings 9.1, 9.2)
     bounds = (0,) + cuts + (len(xm),)
     prefixes = ["z", "y", "x"][3 - len(bounds) + 1:]
@@ -417,7 +423,8 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
     """The offset, index and mask lines of one axis (Listing 9.1's part (2)): a program axis reads
     `tl.program_id(grid_dim)`; the r0_ axis is the whole row (`per_block`, a persistent kernel) or
     one R0_BLOCK step of the loop (`looped`). `var_lines` defines the loop variables from them."""
-    p, n, i = axis.prefix, len(k.axes), k.axes.index(axis)
+    order = k.block_axes or k.axes                  # the OUTER form's block is [R0_BLOCK, XBLOCK]
+    p, n, i = axis.prefix, len(order), order.index(axis)
     sl = "[" + ", ".join(":" if j == i else "None" for j in range(n)) + "]"    # [:, None] for y of y × x
     lines = []
     if p == "r0_":

@@ -24,7 +24,7 @@ import sympy
 
 from .autotune import next_pow2
 from .dtypes import bool_, int64
-from .ir import Reduction, reduction_identity, set_handler
+from .ir import ModularIndexing, Reduction, reduction_identity, set_handler
 from .printer import Var
 from .schedule import node_index, phases
 from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, numel_lines, setup_axes, texpr,
@@ -35,10 +35,21 @@ from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, nu
 MULTI_PASS_PERSISTENT_LIMIT = 32768
 
 
+def _contiguous_along(e, r) -> bool:
+    """Consecutive r read consecutive addresses: r with coefficient 1, or `r % m` (r // 1 % m,
+    ModularIndexing(r, 1, m)) with coefficient 1 for a row of m ≥ 32 elements (the (N, H, W)
+    statistics of NCHW data, whose flattened reduction index wraps every H·W elements)."""
+    e = sympy.sympify(e)
+    if e.coeff(r) == 1:
+        return True
+    return any(m.args[0] == r and m.args[1] == 1 and m.args[2].is_Integer and int(m.args[2]) >= 32
+               and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
+
+
 def _reduction_form(k) -> tuple:
     """§9.4: ('per', R0_BLOCK) for a short row, else ('red', None); plus the ReductionHint."""
     rnumel = k.raxis.numel
-    inner = any(sympy.sympify(e).coeff(k.raxis.dims[-1]) == 1 for e in k.exprs) if k.raxis.dims else True
+    inner = any(_contiguous_along(e, k.raxis.dims[-1]) for e in k.exprs) if k.raxis.dims else True
     hint = "INNER" if inner else "OUTER"
     if not rnumel.is_Integer:
         return "red", None, hint

@@ -159,6 +159,10 @@ EXAMPLES = {
     "softmax": (lambda x: stax.softmax(x, -1), [(256, 1000)]),
     # §9.8 has no listing of the whole kernel: a linear layer, its weight read through w.t() in place
     "linear": (lambda x, w, b: stax.relu(x @ w.t() + b), [(64, 128), (256, 128), (256,)]),
+    # §9.4's OUTER form (a reduction across rows): persistent (≤ 64 rows), looped, split
+    "outer_per": (lambda x: (x * x).sum(0), [(64, 512)]),
+    "outer_red": (lambda x: x.sum(0), [(1000, 96)]),
+    "outer_split": (lambda x: x.sum(0), [(1024, 512)]),
 }
 MORE = {
     "argmax": (lambda x: (x.argmax(1), x.argmin(0), x.amin()), [(37, 5300)]),

@@ -1,0 +1,197 @@
+"""§9.4 The OUTER reduction kernel: a reduction that reads across rows, coalesced along its outputs.
+
+Layer: back end (GPU), beside triton_reduction.py: builds on `triton_kernel`'s printing state and
+reuses the row form's identities and masks (`triton_reduction`); codegen_triton.py chooses it.
+
+A reduction over a dim that is not the innermost in memory (`x.sum(0)` of a contiguous matrix, a
+bias gradient, batch statistics over (0, 1), `amax` over a middle dim) reads, for one output, a
+column: elements a whole row apart. Printed as a row kernel, each program walks its columns with
+that stride and a warp's loads touch one element per cache line. The OUTER form turns the block
+around: a block is [R0_BLOCK, XBLOCK], XBLOCK consecutive outputs along the block's last (fastest)
+dim, so a warp reads consecutive addresses of one row and every load is coalesced along x. The
+R0_BLOCK rows of a step are reduced along dim 0 (`tl.sum(_tmp0, 0)[None, :]`).
+
+The chapter's rule (§9.4) decides the form: persistent ('per', the whole reduction in registers)
+when the length is static and at most 64 (the OUTER bound), else looped ('red', R0_BLOCK rows a
+step). The third form, the split, is decided in lowering: `codegen_triton.outer_split_policy`
+splits a reduction whose outputs give too few programs of XBLOCK columns to fill the SMs, with its
+partials laid out [splits, outputs] (`lower.split_reduction(outer=True)`), so both of its kernels
+are OUTER kernels too.
+
+Consumes a reduction fusion group; produces (form, lines, 'OUTER') like `reduction_kernel`.
+
+Where to look:
+  - `outer_applies` ........ whether a group reads across rows with an output dim contiguous
+  - `_x_order` ............. the output dim its loads are contiguous along goes innermost in xindex
+  - `_outer_persistent` .... the whole column block in registers (R0_BLOCK = next_pow2(r0_numel))
+  - `_outer_looped` ........ R0_BLOCK rows a step, an [R0_BLOCK, XBLOCK] accumulator
+  - `outer_reduction_kernel` the entry
+"""
+from __future__ import annotations
+
+import sympy
+
+from .autotune import next_pow2
+from .dtypes import int64
+from .ir import IndexCollector, Reduction, index_vars, set_handler
+from .printer import Var
+from .schedule import node_index, phases
+from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
+from .triton_reduction import _flat_rindex, _identity, _reduce_mask
+
+OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
+BLOCK = "[R0_BLOCK, XBLOCK]"
+
+_RED_FN = {"sum": "tl.sum({v}, 0)", "prod": "triton_helpers.prod({v}, 0)",
+           "amax": "triton_helpers.max2({v}, 0)", "amin": "triton_helpers.min2({v}, 0)"}
+_COMBINE = {"sum": "({a} + {v})", "prod": "({a} * {v})",
+            "amax": "triton_helpers.maximum({a}, {v})", "amin": "triton_helpers.minimum({a}, {v})"}
+
+
+def _loads(k, xv, rv) -> list:
+    """(index, bytes per element) of every load of the group's bodies from memory."""
+    out = []
+    for n in k.group.nodes:
+        c = IndexCollector()
+        idx, ridx = node_index(n, xv, rv)
+        with set_handler(c):
+            n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
+        out += [(sympy.sympify(e), k.dtype_of(name).itemsize) for e, name in zip(c.exprs, c.names)
+                if name is not None and name not in k.sched.kernel_local]
+    return out
+
+
+def outer_applies(k: TritonKernel) -> bool:
+    """§9.4 OUTER: no load is contiguous along the innermost reduction dim, and a load is
+    contiguous along some output dim (the dim XBLOCK then runs along)."""
+    g = k.group
+    if g.kind != "reduction" or not g.reduction_ranges or not g.ranges:
+        return False
+    xv, rv = index_vars("x", len(g.ranges)), index_vars("r", len(g.reduction_ranges))
+    loads = _loads(k, xv, rv)
+    if not loads or any(e.coeff(rv[-1]) == 1 for e, _ in loads):
+        return False
+    return any(e.coeff(v) == 1 for e, _ in loads for v in xv)
+
+
+def _x_order(names, exprs, weights) -> list:
+    """The merged output dims, the one most bytes are contiguous along moved innermost (ties keep
+    the innermost): consecutive lanes of XBLOCK then read consecutive addresses. An access inside
+    the reduction loop (it uses a reduction variable) outweighs any once-per-output access."""
+    def bytes_of(e, w):
+        return w * (1 << 20) if sympy.sympify(e).free_symbols - set(names) else w
+    score = [sum(bytes_of(e, w) for e, w in zip(exprs, weights) if sympy.sympify(e).coeff(v) == 1)
+             for v in names]
+    best = max(range(len(names)), key=lambda i: (score[i], i)) if names else 0
+    return [i for i in range(len(names)) if i != best] + [best] if names else []
+
+
+def _store_or_keep(k, n, value, xvars, rvars, lines):
+    k.locals[n.name] = value
+    if n.name not in k.sched.kernel_local:
+        lines.append(k.store(n, value, xvars, rvars))
+
+
+def _outer_persistent(k, nodes, xvars, rvars, p):
+    """The column block is in registers: each reduction is one reduction over dim 0."""
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if not isinstance(n, Reduction):
+            _store_or_keep(k, n, value, xvars, rvars, p.lines)
+            continue
+        mask, ident = _reduce_mask(k), _identity(n)
+        b = p.emit(f"tl.broadcast_to({value}, {BLOCK})", value.dtype)
+        m = p.emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
+        if n.reduction_type in ("argmax", "argmin"):
+            idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, {BLOCK}).to(tl.int64)", int64)
+            fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+            pair = k.new_tmp()
+            p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 0)")
+            result = p.emit(f"{pair}[None, :]", int64)
+        else:
+            red = _RED_FN[n.reduction_type].format(v=m)
+            result = p.emit(f"{red}[None, :].to({tl_dtype(n.src_dtype)})", n.src_dtype)
+        _store_or_keep(k, n, result, xvars, rvars, p.lines)
+
+
+def _outer_accumulate(k, n, num, b, p, post):
+    """One step of reduction `n` into its [R0_BLOCK, XBLOCK] accumulator _tmp{num}; the final
+    reduction over dim 0 goes to `post`."""
+    mask = _reduce_mask(k)
+    if n.reduction_type in ("argmax", "argmin"):
+        idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, {BLOCK}).to(tl.int64)", int64)
+        pick = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
+        nv, ni = k.new_tmp(), k.new_tmp()
+        p.lines.append(f"{nv}, {ni} = triton_helpers.{pick}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
+        p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
+        p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
+        fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+        post.append(f"_, tmp{num}_idx = triton_helpers.{fn}(_tmp{num}, _tmp{num}_index, 0)")
+        post.append(f"tmp{num} = tmp{num}_idx[None, :]")
+        return Var(f"tmp{num}", int64)
+    comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
+    p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
+    post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[None, :]")
+    return Var(f"tmp{num}", n.src_dtype)
+
+
+def _outer_looped(k, nodes, xvars, rvars) -> list:
+    """R0_BLOCK rows a step with an [R0_BLOCK, XBLOCK] accumulator per reduction."""
+    pre, post, accs = [], [], {}
+    for n in nodes:
+        if isinstance(n, Reduction):
+            num = accs[n.name] = k.new_tmp()[3:]
+            pre.append(f"_tmp{num} = tl.full({BLOCK}, {_identity(n)}, {tl_dtype(n.src_dtype)})")
+            if n.reduction_type in ("argmax", "argmin"):
+                pre.append(f"_tmp{num}_index = tl.full({BLOCK}, 0, tl.int64)")
+    p = TritonPrinter(k)
+    for n in nodes:
+        value = k.body(n, xvars, rvars, p)
+        if not isinstance(n, Reduction):
+            _store_or_keep(k, n, value, xvars, rvars, p.lines)
+            continue
+        b = p.emit(f"tl.broadcast_to({value}, {BLOCK})", value.dtype)
+        k.locals[n.name] = _outer_accumulate(k, n, accs[n.name], b, p, post)
+        if n.name not in k.sched.kernel_local:
+            post.append(k.store(n, k.locals[n.name], xvars, rvars))
+    for n in nodes:                       # per-element values do not outlive their loop
+        if not isinstance(n, Reduction):
+            k.locals.pop(n.name, None)
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
+    loop += ["    " + line for line in p.lines]
+    return pre + loop + post
+
+
+def outer_reduction_kernel(k: TritonKernel) -> tuple:
+    """An OUTER reduction group's kernel body: (form 'per' | 'red', lines, 'OUTER')."""
+    g = k.group
+    xvars, rvars = setup_axes(k, g.ranges, g.reduction_ranges, x_order=_x_order)
+    xaxis, raxis = k.axes[0], k.axes[1]
+    k.block_axes = [raxis, xaxis]              # XBLOCK last: the fast dim of the block
+    rnumel = raxis.numel
+    per = rnumel.is_Integer and int(rnumel) <= OUTER_PERSISTENT_LIMIT
+    r0_block = next_pow2(int(rnumel)) if per else None
+    k.always_true = {"r0_mask"} if per and int(rnumel) == r0_block else set()
+    head = [f"xnumel = {texpr(xaxis.numel)}", f"r0_numel = {texpr(rnumel)}"]
+    if per:
+        head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
+    head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
+    head += axis_lines(k, xaxis, 0)
+    if per:
+        head += axis_lines(k, raxis, None, per_block=r0_block) + var_lines(raxis) + var_lines(xaxis)
+    else:
+        base = "tl.arange(0, R0_BLOCK)[:, None]" + (".to(tl.int64)" if k.index64 else "")
+        head += [f"r0_base = {base}", "rbase = r0_base"] + var_lines(xaxis)
+    top = TritonPrinter(k)
+    plan = phases(g)
+    for i, (phase, nodes) in enumerate(plan):
+        k.row_read_again = not per and any(q[0] == "loop" for q in plan[i + 1:])
+        if phase == "row":
+            for node in nodes:
+                _store_or_keep(k, node, k.body(node, xvars, rvars, top), xvars, rvars, top.lines)
+        elif per:
+            _outer_persistent(k, nodes, xvars, rvars, top)
+        else:
+            top.lines += _outer_looped(k, nodes, xvars, rvars)
+    return ("per" if per else "red"), head + top.lines, "OUTER"
