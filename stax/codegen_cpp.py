@@ -21,6 +21,7 @@ Where to look:
   - `_loop_nest` ......................... Prop. 6.3's merged loops (`ir.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
   - `_reduction_kernel`, `_reduction_loop`  one pass over each row per phase; 16-lane accumulators
+  - `_column_kernel` ..................... reductions over outer/middle dims: lanes own output columns
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
   - `generate(schedule)` ................. the entry point
 """
