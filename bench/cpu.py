@@ -124,11 +124,40 @@ def workloads():
             numpy=lambda a, b, bias: np.maximum(a @ b + bias, 0),
             torch=lambda T: (lambda a, b, bias: T.relu(a @ b + bias)),
             memory_bound=False),
+        # reductions over other dims than the contiguous last one (issue 12): `out` is the
+        # output's bytes for the floor
+        "colsum": dict(
+            shape="8192x4096, sum(0)", inputs=rand((8192, 4096)), out=4096 * 4,
+            stax=lambda S: (lambda x: x.sum(0)), numpy=lambda x: x.sum(0),
+            torch=lambda T: (lambda x: x.sum(0))),
+        "mean01": dict(
+            shape="32x512x2048, mean((0, 1))", inputs=rand((32, 512, 2048)), out=2048 * 4,
+            stax=lambda S: (lambda x: x.mean((0, 1))), numpy=lambda x: x.mean((0, 1)),
+            torch=lambda T: (lambda x: x.mean((0, 1)))),
+        "var0": dict(
+            shape="8192x4096, var(0)", inputs=rand((8192, 4096)), out=4096 * 4,
+            stax=lambda S: (lambda x: x.var(0)), numpy=lambda x: x.var(0, ddof=1),
+            torch=lambda T: (lambda x: x.var(0))),
+        "bnstats": dict(
+            shape="NCHW 32x64x56x56, mean+var over (0,2,3)", inputs=rand((32, 64, 56, 56)), out=2 * 64 * 4,
+            stax=lambda S: (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3)))),
+            numpy=lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3), ddof=1)),
+            torch=lambda T: (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))))),
+        "amax1": dict(
+            shape="256x1024x64, amax(1)", inputs=rand((256, 1024, 64)), out=256 * 64 * 4,
+            stax=lambda S: (lambda x: x.amax(1)), numpy=lambda x: x.max(1),
+            torch=lambda T: (lambda x: x.amax(1))),
+        "biasgrad": dict(
+            shape="g 64x128x1024, g.reshape(-1, 1024).sum(0)", inputs=rand((64, 128, 1024)), out=1024 * 4,
+            stax=lambda S: (lambda g: g.reshape(-1, 1024).sum(0)), numpy=lambda g: g.reshape(-1, 1024).sum(0),
+            torch=lambda T: (lambda g: g.reshape(-1, 1024).sum(0))),
     }
 
 
 def _out_bytes(name, inputs):
     """Bytes of the outputs (for the floor)."""
+    if "out" in workloads()[name]:
+        return workloads()[name]["out"]
     if name in ("ex1_1", "ex6_2"):
         return inputs[0].shape[0] * 4
     if name == "mm_bias_relu":
@@ -182,10 +211,9 @@ def worker_stax(name, runs, threads):
     args = [stax.from_numpy(x) for x in arrays]
     f = stax.compile(w["stax"](stax))
     out = f(*args)
-    got = out.numpy()
-    want = w["numpy"](*arrays)
-    err = float(np.max(np.abs(got - want) / (1e-3 + np.abs(want))))
-    del out, got, want
+    outs, wants = (out, w["numpy"](*arrays)) if isinstance(out, tuple) else ((out,), (w["numpy"](*arrays),))
+    err = max(float(np.max(np.abs(o.numpy() - want) / (1e-3 + np.abs(want)))) for o, want in zip(outs, wants))
+    del out, outs, wants
     ts = call_times(f, args, runs)
     return {"times": ts, "cold_s": f.stats["compile_seconds"], "max_rel_err": err,
             "kernels": len(f.last_generated.kernels),

@@ -21,6 +21,7 @@ Where to look:
   - `_loop_nest` ......................... Prop. 6.3's merged loops (`ir.merge_dims`), named for printing
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
   - `_reduction_kernel`, `_reduction_loop`  one pass over each row per phase; 16-lane accumulators
+  - `_column_kernel` ..................... reductions over outer/middle dims: lanes own output columns
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
   - `generate(schedule)` ................. the entry point
 """
@@ -473,6 +474,8 @@ _COMBINE = {
 def _reduction_kernel(k: CppKernel) -> list:
     g = k.group
     xvars, rvars, (xnames, xsizes), (rnames, rsizes) = _loop_nest(k, g.ranges, g.reduction_ranges)
+    if _is_column_reduction(k, xvars, rvars, xnames, rnames):
+        return _column_kernel(k, xvars, rvars, (xnames, xsizes), (rnames, rsizes))
     row = []
     for phase, nodes in phases(k.group):
         if phase == "row":
@@ -621,6 +624,116 @@ def _flat_rindex(rnames, rsizes):
 
 def _identity(n) -> str:
     return cliteral(reduction_identity(n.reduction_type, n.src_dtype), n.src_dtype)
+
+
+# ---- §8 Column reductions: the contiguous output dim is the fast axis, the reduction loop outside ----
+
+# Output columns per block: 4 KiB of float accumulators each, in L1, and 4 KiB read from each row
+# (a page: the prefetcher streams it). A later pass (var's deviations) re-reads the block from
+# memory: narrow blocks that stay in L2 between passes measured slower (a new page per row).
+COLUMN_BLOCK = 1024
+
+
+def _is_column_reduction(k, xvars, rvars, xnames, rnames) -> bool:
+    """True when the group's loads run contiguously along the innermost kept dim and no access is
+    contiguous along the innermost reduced dim (sum(0), mean over outer dims, amax over a middle dim):
+    then each SIMD lane owns an output column and the reduction loops go outside."""
+    if not xnames or not rnames:
+        return False
+    xi, ri = xnames[-1], rnames[-1]
+    exprs = [k.final(e) for e in all_indices(k.group.nodes, xvars, rvars)]
+    return any(e.coeff(xi) == 1 for e in exprs) and not any(e.coeff(ri) == 1 for e in exprs)
+
+
+def _column_block(xsizes, parallel: bool) -> int:
+    """Columns per block: COLUMN_BLOCK, fewer when a parallel kernel would have fewer blocks than
+    threads (down to LANES); at most the row's length."""
+    xb, inner, outer = COLUMN_BLOCK, sympy.sympify(xsizes[-1]), _numel(xsizes[:-1])
+    if inner.is_Integer and outer.is_Integer:
+        while parallel and xb > LANES and int(outer) * -(-int(inner) // xb) < get_num_threads():
+            xb //= 2
+        xb = min(xb, int(inner))
+    return xb
+
+
+def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
+    """Per block of output columns, one pass over the reduction dims per phase: `acc_NAME[l]`
+    holds column l's running value, the innermost loop (`omp simd`) runs along the columns; row
+    statements run in a loop over the block's columns into `val_NAME[l]`."""
+    (xnames, xsizes), (rnames, rsizes) = xnest, rnest
+    loops = phases(k.group)
+    total = _numel(xsizes) * _numel(rsizes)
+    parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
+    xb = _column_block(xsizes, parallel)
+    xi, inner = xnames[-1], sympy.sympify(xsizes[-1])
+    static = inner.is_Integer and int(inner) % xb == 0
+    n = str(xb) if static else f"{xi}_n"
+    block = [] if static else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
+    for kind, nodes in loops:
+        if kind == "row":
+            block += _column_rows(k, nodes, xvars, rvars, (xi, n, xb))
+        else:
+            block += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
+    lines = []
+    if parallel:
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+    loops_x = [_for(v, s) for v, s in zip(xnames[:-1], xsizes[:-1])] + [_for(f"{xi}_block", inner, step=xb)]
+    for d, text in enumerate(loops_x):
+        lines.append("    " * d + text + " {")
+    lines += ["    " * len(loops_x) + line for line in "\n".join(block).split("\n")]
+    for d in range(len(loops_x) - 1, -1, -1):
+        lines.append("    " * d + "}")
+    return lines
+
+
+def _column_loop(xi, n, body, simd=False) -> list:
+    """`for l in block: x_i = block start + l; body` (the lane loop of a column block)."""
+    head = ["#pragma omp simd"] if simd else []
+    return head + [f"for (int64_t l = 0; l < {n}; l++) {{", f"    int64_t {xi} = {xi}_block + l;"] + \
+        ["    " + s for s in "\n".join(body).split("\n")] + ["}"]
+
+
+def _column_rows(k, nodes, xvars, rvars, block) -> list:
+    """Per-column statements (mean = sum / n ...): computed for each column of the block into
+    `val_NAME[l]`, which later passes read; stored when they leave the kernel."""
+    (xi, n, xb), lines, body, p = block, [], [], k.printer()
+    for node in nodes:
+        _, value = k.body(node, xvars, rvars, printer=p)
+        lines.append(f"{ctype(value.dtype)} val_{node.name}[{xb}];")
+        body.append(f"val_{node.name}[l] = {value};")
+        if node.name not in k.sched.kernel_local:
+            body.append(k.store(node, value, xvars, rvars))
+        k.locals[node.name] = Var(f"val_{node.name}[l]", value.dtype)
+    return lines + _column_loop(xi, n, p.lines + body)
+
+
+def _column_pass(k, nodes, xvars, rvars, block, rnames, rsizes) -> list:
+    """One pass over the reduction dims for a block of columns: accumulators `acc_NAME[xb]`
+    (no lanes to combine: lane l is column l), then the results stored per column."""
+    xi, n, xb = block
+    reductions = [r for r in nodes if isinstance(r, Reduction)]
+    lines = []
+    for r in reductions:
+        acc, t, init = f"acc_{r.name}", ctype(r.src_dtype), _identity(r)
+        if r.reduction_type in ("argmax", "argmin"):
+            lines.append(f"{t} {acc}[{xb}]; int64_t {acc}_idx[{xb}];")
+            lines.append(f"for (int l = 0; l < {xb}; l++) {{ {acc}[l] = {init}; {acc}_idx[l] = 0; }}")
+        else:
+            lines.append(f"{t} {acc}[{xb}];")
+            lines.append(f"for (int l = 0; l < {xb}; l++) {acc}[l] = {init};")
+    body = _row_body(k, nodes, xvars, rvars, rnames, rsizes, "l")
+    loop = _column_loop(xi, n, body, simd=True)
+    for d, (v, s) in enumerate(reversed(list(zip(rnames, rsizes)))):
+        loop = [_for(v, s) + " {"] + ["    " + s_ for s_ in loop] + ["}"]
+    lines += loop
+    stores = []
+    for r in reductions:
+        arg = r.reduction_type in ("argmax", "argmin")
+        value = Var(f"acc_{r.name}{'_idx' if arg else ''}[l]", int64 if arg else r.src_dtype)
+        k.locals[r.name] = value
+        if r.name not in k.sched.kernel_local:
+            stores.append(k.store(r, value, xvars, rvars))
+    return lines + (_column_loop(xi, n, stores) if stores else [])
 
 
 # ---- §7.5 The wrapper, and the module ----
