@@ -186,6 +186,29 @@ def _fix_interpreter_bf16_dot():
     builder.create_dot = create_dot
 
 
+def _fix_interpreter_bf16_casts():
+    """The same interpreter casts between bfloat16 and any type but float32 as numpy's astype of
+    the raw words (int 3 becomes the word 3, a denormal): go through float32, as the GPU does."""
+    from triton.runtime import interpreter
+    builder, tl = interpreter.InterpreterBuilder, interpreter.tl
+    if getattr(builder.cast_impl, "_stax_bf16", False):
+        return
+    plain = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if (s == tl.bfloat16) != (d == tl.bfloat16) and tl.float32 not in (s, d):
+            return plain(self, plain(self, src, tl.float32), dst_type)
+        return plain(self, src, dst_type)
+    cast_impl._stax_bf16 = True
+    builder.cast_impl = cast_impl
+
+
+def _fix_interpreter_bf16():
+    _fix_interpreter_bf16_dot()
+    _fix_interpreter_bf16_casts()
+
+
 # ---- §9.6 Algorithm 9.1: records, kernel files ----
 
 _RECORDS: dict = {}      # Algorithm 9.1's records, in memory (also on disk under the cache dir)
@@ -286,8 +309,7 @@ class CachingAutotuner:
         if 0 in grid:
             return
         if cuda.interpreting():
-            if self.kind == "template":
-                _fix_interpreter_bf16_dot()
+            _fix_interpreter_bf16()
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             for name, a in zip(self.signature, args):      # no write outside any buffer

@@ -144,6 +144,8 @@ def _choose_tiling(exprs, weights, names, sizes) -> tuple:
     y = dims[:c] × x = dims[c:], (c1, c2) is z × y × x. Every split of at most MAX_TILING_AXES
     axes is scored by the bytes it coalesces; the best wins, fewer axes on a tie."""
     n = len(names)
+    if n == 0:                     # a 0-d or one-element output: one x axis without dims
+        return ()
     splits = [()] + [(c,) for c in range(1, n)]
     if MAX_TILING_AXES >= 3:
         splits += [(a, b) for a in range(1, n) for b in range(a + 1, n)]
@@ -231,7 +233,10 @@ class TritonPrinter(Printer):
             text = f"tl.load({ptr} + ({offset}){extras})"
         var = self.emit(text, dtype)
         if not expr.free_symbols and not mask:        # one element, broadcast over the block
-            var = self.emit(f"tl.broadcast_to({var}, {self.k.block_shape()})", dtype)
+            # (in a reduction kernel over the rows only, [XBLOCK, 1]: it may meet a reduced value,
+            # and a store through a [XBLOCK, 1] pointer cannot take an [XBLOCK, R0_BLOCK] value)
+            shape = "[XBLOCK, 1]" if self.k.reduction else self.k.block_shape()
+            var = self.emit(f"tl.broadcast_to({var}, {shape})", dtype)
         return var
 
     def constant(self, value, dtype):
@@ -454,6 +459,13 @@ def var_lines(axis) -> list:
     return lines
 
 
+def numel_line(name: str, numel) -> list:
+    """`xnumel = 512`: a static numel is a constant of the kernel; a data-dependent one (u0, after
+    nonzero/unique) stays the parameter the wrapper passes, the only place u0 is defined."""
+    numel = sympy.sympify(numel)
+    return [f"{name} = {texpr(numel)}"] if numel.is_Integer else []
+
+
 def _needs_int64(lowered) -> bool:
     """True when some buffer of the graph spans 2^31 elements or more (int32 indices would wrap)."""
     for b in lowered.inputs + lowered.buffers:
@@ -485,7 +497,7 @@ def pointwise_kernel(k: TritonKernel) -> tuple:
         k.locals[node.name] = value
         if node.name not in k.sched.kernel_local:
             stores.append(k.store(node, value, xvars, []))
-    head = [f"{a.prefix}numel = {texpr(a.numel)}" for a in k.axes]
+    head = [line for a in k.axes for line in numel_line(f"{a.prefix}numel", a.numel)]
     grid_dims = {a.prefix: i for i, a in enumerate(reversed(k.axes))}   # x is program_id(0)
     for a in k.axes:
         head += axis_lines(k, a, grid_dims[a.prefix])

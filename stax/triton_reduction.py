@@ -27,8 +27,8 @@ from .dtypes import bool_, int64
 from .ir import Reduction, reduction_identity, set_handler
 from .printer import Var
 from .schedule import node_index, phases
-from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, setup_axes, texpr,
-                            tl_dtype, var_lines)
+from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, numel_line, setup_axes,
+                            texpr, tl_dtype, var_lines)
 
 # ---- §9.4 The three forms of reduction kernels ----
 
@@ -239,7 +239,7 @@ def reduction_kernel(k: TritonKernel) -> tuple:
     rnumel = k.raxis.numel
     k.always_true = {"r0_mask"} if form == "per" and rnumel.is_Integer and int(rnumel) == r0_block else set()
     xaxis, raxis = k.axes[0], k.axes[1]
-    head = [f"xnumel = {texpr(xaxis.numel)}", f"r0_numel = {texpr(rnumel)}"]
+    head = numel_line("xnumel", xaxis.numel) + numel_line("r0_numel", rnumel)
     if form == "per":
         head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
     head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
