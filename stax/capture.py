@@ -345,14 +345,16 @@ def capture(fn, args: list, kwargs: dict | None = None):
     proxies = _map_tensors(list(args), proxy)
     kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)], proxy)))
     prev = set_tracer(tracer)
-    try:
-        result = fn(*proxies, **kw)
-    finally:
-        set_tracer(prev)
     leaves = []
     g = tracer.graph
-    spec = _flatten(result, leaves, lambda t: _input_alias(t, g) if t._node is not None else None)
-    g.outputs = [tracer._node_of(x) for x in leaves]
+    try:
+        result = fn(*proxies, **kw)
+        spec = _flatten(result, leaves, lambda t: _input_alias(t, g) if t._node is not None else None)
+        # (still tracing: an output viewing a value updated in place later replays its views on
+        # the new value, and those view ops must be recorded)
+        g.outputs = [tracer._node_of(x) for x in leaves]
+    finally:
+        set_tracer(prev)
     # drop nodes nothing depends on (ops whose results the function never used)
     live, keep = set(), []
     for x in g.outputs + [n for _, n in g.mutations]:

@@ -188,8 +188,10 @@ def _fix_interpreter_bf16_dot():
 
 def _fix_interpreter_bf16_casts():
     """The same interpreter casts between bfloat16 and any type but float32 as numpy's astype of
-    the raw words (int 3 becomes the word 3, a denormal): go through float32, as the GPU does."""
+    the raw words (int 3 becomes the word 3, a denormal): go through float32, as the GPU does.
+    And it rounds float32 to bfloat16 toward zero: round to nearest even, as the GPU (and eager)."""
     from triton.runtime import interpreter
+    from .dtypes import _to_storage_form, bfloat16
     builder, tl = interpreter.InterpreterBuilder, interpreter.tl
     if getattr(builder.cast_impl, "_stax_bf16", False):
         return
@@ -199,6 +201,8 @@ def _fix_interpreter_bf16_casts():
         s, d = src.dtype.scalar, dst_type.scalar
         if (s == tl.bfloat16) != (d == tl.bfloat16) and tl.float32 not in (s, d):
             return plain(self, plain(self, src, tl.float32), dst_type)
+        if s == tl.float32 and d == tl.bfloat16:
+            return interpreter.TensorHandle(_to_storage_form(src.data, bfloat16), d)
         return plain(self, src, dst_type)
     cast_impl._stax_bf16 = True
     builder.cast_impl = cast_impl
