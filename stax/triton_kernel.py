@@ -198,6 +198,12 @@ class TritonPrinter(Printer):
     def _shape1(self) -> str:
         return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
 
+    def _one_shape(self) -> str:
+        """The block a one-element load fills: in a reduction kernel [XBLOCK, 1], over the rows
+        only, since it may meet a reduced value, and a store through an [XBLOCK, 1] pointer (a 0-d
+        output) cannot take an [XBLOCK, R0_BLOCK] value; elsewhere the whole block."""
+        return "[XBLOCK, 1]" if self.k.reduction else self.k.block_shape()
+
     def load(self, name, index):
         local = self.k.locals.get(name)
         if local is not None:
@@ -225,7 +231,8 @@ class TritonPrinter(Printer):
         if not expr.free_symbols and mask:
             # one element under a block mask (ops.masked): Triton wants a block of pointers for a
             # block mask, so the offset is a block of equal offsets (as for a one-element store)
-            offset = f"tl.full({self.k.block_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
+            # (in a reduction kernel [XBLOCK, 1], as below: tl.load broadcasts it against a row mask)
+            offset = f"tl.full({self._one_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
         if mask:
             extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
             text = f"tl.load({ptr} + ({offset}), {mask}{extras})"
@@ -233,10 +240,7 @@ class TritonPrinter(Printer):
             text = f"tl.load({ptr} + ({offset}){extras})"
         var = self.emit(text, dtype)
         if not expr.free_symbols and not mask:        # one element, broadcast over the block
-            # (in a reduction kernel over the rows only, [XBLOCK, 1]: it may meet a reduced value,
-            # and a store through a [XBLOCK, 1] pointer cannot take an [XBLOCK, R0_BLOCK] value)
-            shape = "[XBLOCK, 1]" if self.k.reduction else self.k.block_shape()
-            var = self.emit(f"tl.broadcast_to({var}, {shape})", dtype)
+            var = self.emit(f"tl.broadcast_to({var}, {self._one_shape()})", dtype)
         return var
 
     def constant(self, value, dtype):
