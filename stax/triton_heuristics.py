@@ -28,6 +28,7 @@ Where to look:
   - `CachingAutotuner._compile` .......... the cubin cache
   - `MultiKernel` ........................ §9.4 a multi-pass row's two forms, measured at first launch
   - `_InterpTensor` ...................... the adapter Triton's interpreter sees for a "cuda" tensor
+  - `_fix_interpreter_bf16` .............. the interpreter's bfloat16 dot and casts, made as on the GPU
   - `kernel_from_source`, `pointwise` / `reduction` / `persistent_reduction` / `template`
 """
 from __future__ import annotations

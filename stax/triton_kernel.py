@@ -17,6 +17,7 @@ Where to look:
   - `TritonPrinter` ...................... ops.* → tl.* (masks, `other=`, eviction policies, CSE)
   - `TritonKernel` ....................... a kernel's printing state (buffers, axes, masks, stores)
   - `setup_axes`, `axis_lines`, `var_lines`  program axes and their index/mask lines (Listing 9.1 (2))
+  - `numel_line` ......................... `xnumel = 512`; a data-dependent numel stays the parameter
   - `pointwise_kernel` ................... Listings 9.2, 9.3
   - `finish` ............................. the whole kernel's text, its parameters and numels
 """
