@@ -110,8 +110,10 @@ class TritonModule:
 def _wrapper(sched, calls) -> str:
     """Listing 9.6: check inputs, then under the device context allocate, launch, `del` (§7.5)."""
     outs = [pyname(o) if isinstance(o, str) else pylit(o) for o in sched.lowered.outputs]
-    lines = wrapper_prologue(sched.lowered, ", 'input'") + ["    with stax.cuda.device(0):"]
-    lines += wrapper_launches(sched, calls, "        ")
+    lines = wrapper_prologue(sched.lowered, ", 'input'")
+    launches = wrapper_launches(sched, calls, "        ")
+    if launches:                     # (a function returning only views of its inputs launches nothing)
+        lines += ["    with stax.cuda.device(0):"] + launches
     lines.append(f"    return ({', '.join(outs)}{', ' if len(outs) == 1 else ''})")
     return "\n".join(lines) + "\n"
 

@@ -87,7 +87,8 @@ def _binary(name, eager, dtype, cpp=None, triton=None, handler=""):
 
 def _erf(x):
     # math.erf is exact to double precision (slow, but this is the eager reference)
-    return np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)).astype(x.dtype)
+    # (asarray: on a 0-d array, frompyfunc returns a Python float)
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x.astype(np.float64)), np.float64).astype(x.dtype)
 
 
 def _keep_int(f):
@@ -109,7 +110,8 @@ def _reduce(f):
 def _arg_reduce(f):
     def run(x, dims, keepdim):
         kept = [d for d in range(x.ndim) if d not in dims]
-        y = x.transpose(kept + list(dims)).reshape([x.shape[d] for d in kept] + [-1])
+        # (the row length spelled out: -1 is ambiguous when a kept dim is 0)
+        y = x.transpose(kept + list(dims)).reshape([x.shape[d] for d in kept] + [math.prod(x.shape[d] for d in dims)])
         r = f(y, axis=-1).astype(np.int64)
         return r.reshape([1 if d in dims else x.shape[d] for d in range(x.ndim)]) if keepdim else r
     return run

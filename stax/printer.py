@@ -69,6 +69,21 @@ class Printer:
         self.cse[expr] = var
         return var
 
+    def _logical(self, op, a, b):
+        """logical_and/or/xor test each side for nonzero first: the spellings are bitwise in Triton
+        (`&` is undefined on floats, `2 & 1` is 0) and `!=` in C++ (`true != 2.0` holds)."""
+        a, b = (x if x.dtype == bool_ else self.emit(f"({x} != 0)", bool_) for x in (a, b))
+        return self.emit(f"({a} {getattr(BY_HANDLER[op], self.LANGUAGE)} {b})", bool_)
+
+    def logical_and(self, a, b):
+        return self._logical("logical_and", a, b)
+
+    def logical_or(self, a, b):
+        return self._logical("logical_or", a, b)
+
+    def logical_xor(self, a, b):
+        return self._logical("logical_xor", a, b)
+
     def __getattr__(self, op):
         """`ops.exp(x)` → `fn(x)`, `ops.add(a, b)` → `(a + b)`, spelled from the op table.
 

@@ -116,8 +116,10 @@ def _index(batch: tuple, strides: list, rows: str, cols: str, offset: int) -> st
     """One operand's offsets: where its view starts, its batch term, rows × stride + cols × stride."""
     nb = len(batch)
     terms = ([str(offset)] if offset else []) + _batch_offset(batch, strides[:nb])
-    terms += _term(rows, strides[-2]) + _term(cols, strides[-1])
-    return " + ".join(terms) or "0"
+    block = _term(rows, strides[-2]) + _term(cols, strides[-1])
+    if not block:            # both strides 0 (a 1 × 1 view): still a block of pointers, for the mask
+        block = [f"{rows} * 0 + {cols} * 0"]
+    return " + ".join(terms + block)
 
 
 def _batch_offset(batch: tuple, strides: tuple) -> list:

@@ -30,6 +30,7 @@ Where to look:
     `_load_choice`); `_exec_kernel_source` runs a kernel's checked text (cache.exec_source)
   - `MultiKernel` ........................ §9.4 a multi-pass row's two forms, measured at first launch
   - `_InterpTensor` ...................... the adapter Triton's interpreter sees for a "cuda" tensor
+  - `_fix_interpreter_bf16` .............. the interpreter's bfloat16 dot and casts, made as on the GPU
   - `kernel_from_source`, `pointwise` / `reduction` / `persistent_reduction` / `template`
 """
 from __future__ import annotations
@@ -187,6 +188,33 @@ def _fix_interpreter_bf16_dot():
     builder.create_dot = create_dot
 
 
+def _fix_interpreter_bf16_casts():
+    """The same interpreter casts between bfloat16 and any type but float32 as numpy's astype of
+    the raw words (int 3 becomes the word 3, a denormal): go through float32, as the GPU does.
+    And it rounds float32 to bfloat16 toward zero: round to nearest even, as the GPU (and eager)."""
+    from triton.runtime import interpreter
+    from .dtypes import _to_storage_form, bfloat16
+    builder, tl = interpreter.InterpreterBuilder, interpreter.tl
+    if getattr(builder.cast_impl, "_stax_bf16", False):
+        return
+    plain = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if (s == tl.bfloat16) != (d == tl.bfloat16) and tl.float32 not in (s, d):
+            return plain(self, plain(self, src, tl.float32), dst_type)
+        if s == tl.float32 and d == tl.bfloat16:
+            return interpreter.TensorHandle(_to_storage_form(src.data, bfloat16), d)
+        return plain(self, src, dst_type)
+    cast_impl._stax_bf16 = True
+    builder.cast_impl = cast_impl
+
+
+def _fix_interpreter_bf16():
+    _fix_interpreter_bf16_dot()
+    _fix_interpreter_bf16_casts()
+
+
 # ---- §9.6 Algorithm 9.1: records, kernel files ----
 
 _RECORDS: dict = {}      # Algorithm 9.1's records, in memory (also on disk under the cache dir)
@@ -331,8 +359,7 @@ class CachingAutotuner:
         if 0 in grid:
             return
         if cuda.interpreting():
-            if self.kind == "template":
-                _fix_interpreter_bf16_dot()
+            _fix_interpreter_bf16()
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             for name, a in zip(self.signature, args):      # no write outside any buffer

@@ -18,6 +18,7 @@ Where to look:
   - `TritonPrinter` ...................... ops.* → tl.* (masks, `other=`, eviction policies, CSE)
   - `TritonKernel` ....................... a kernel's printing state (buffers, axes, masks, stores)
   - `setup_axes`, `axis_lines`, `var_lines`  program axes and their index/mask lines (Listing 9.1 (2))
+  - `numel_lines` ........................ `xnumel = 512`; a symbolic or data-dependent numel stays the parameter
   - `pointwise_kernel` ................... Listings 9.2, 9.3
   - `finish` ............................. the whole kernel's text, its parameters and numels
 """
@@ -148,6 +149,8 @@ def _choose_tiling(exprs, weights, names, sizes) -> tuple:
     y = dims[:c] × x = dims[c:], (c1, c2) is z × y × x. Every split of at most MAX_TILING_AXES
     axes is scored by the bytes it coalesces; the best wins, fewer axes on a tie."""
     n = len(names)
+    if n == 0:                     # a 0-d or one-element output: one x axis without dims
+        return ()
     splits = [()] + [(c,) for c in range(1, n)]
     if MAX_TILING_AXES >= 3:
         splits += [(a, b) for a in range(1, n) for b in range(a + 1, n)]
@@ -200,6 +203,12 @@ class TritonPrinter(Printer):
     def _shape1(self) -> str:
         return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
 
+    def _one_shape(self) -> str:
+        """The block a one-element load fills: in a reduction kernel [XBLOCK, 1], over the rows
+        only, since it may meet a reduced value, and a store through an [XBLOCK, 1] pointer (a 0-d
+        output) cannot take an [XBLOCK, R0_BLOCK] value; elsewhere the whole block."""
+        return "[XBLOCK, 1]" if self.k.reduction else self.k.block_shape()
+
     def load(self, name, index):
         local = self.k.locals.get(name)
         if local is not None:
@@ -227,7 +236,8 @@ class TritonPrinter(Printer):
         if not expr.free_symbols and mask:
             # one element under a block mask (ops.masked): Triton wants a block of pointers for a
             # block mask, so the offset is a block of equal offsets (as for a one-element store)
-            offset = f"tl.full({self.k.block_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
+            # (in a reduction kernel [XBLOCK, 1], as below: tl.load broadcasts it against a row mask)
+            offset = f"tl.full({self._one_shape()}, {offset}, {'tl.int64' if self.k.index64 else 'tl.int32'})"
         if mask:
             extras += f", other={'0.0' if dtype.is_floating_point else '0'}" if (self.k.reduction or self.masks) else ""
             text = f"tl.load({ptr} + ({offset}), {mask}{extras})"
@@ -235,7 +245,7 @@ class TritonPrinter(Printer):
             text = f"tl.load({ptr} + ({offset}){extras})"
         var = self.emit(text, dtype)
         if not expr.free_symbols and not mask:        # one element, broadcast over the block
-            var = self.emit(f"tl.broadcast_to({var}, {self.k.block_shape()})", dtype)
+            var = self.emit(f"tl.broadcast_to({var}, {self._one_shape()})", dtype)
         return var
 
     def constant(self, value, dtype):

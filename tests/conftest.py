@@ -10,6 +10,7 @@
 - `@pytest.mark.gpu`: skipped unless `stax.cuda` imports and reports a device.
 - `GENERATED_TRITON_KERNELS`: every Triton kernel text the session generated (recorded around
   `codegen_triton.generate`), for tests/test_zz_sm90.py.
+- `REPORT_LINES`: lines printed in pytest's closing summary, even under -q (the random-program counts).
 """
 
 from __future__ import annotations
@@ -180,6 +181,16 @@ def _record_triton_kernels():
         return module
     generate.records_kernels = True
     codegen_triton.generate = generate
+
+
+# ---- lines for pytest's closing summary (tests/test_random_programs.py's counts) ----
+
+REPORT_LINES: list = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in REPORT_LINES:
+        terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config):
