@@ -652,7 +652,7 @@ def _column_block(xsizes, parallel: bool) -> int:
     if inner.is_Integer and outer.is_Integer:
         while parallel and xb > LANES and int(outer) * -(-int(inner) // xb) < get_num_threads():
             xb //= 2
-        xb = min(xb, int(inner))
+        xb = max(1, min(xb, int(inner)))     # (a size-0 row: one empty block)
     return xb
 
 

@@ -206,8 +206,9 @@ class TritonPrinter(Printer):
     def _one_shape(self) -> str:
         """The block a one-element load fills: in a reduction kernel [XBLOCK, 1], over the rows
         only, since it may meet a reduced value, and a store through an [XBLOCK, 1] pointer (a 0-d
-        output) cannot take an [XBLOCK, R0_BLOCK] value; elsewhere the whole block."""
-        return "[XBLOCK, 1]" if self.k.reduction else self.k.block_shape()
+        output) cannot take an [XBLOCK, R0_BLOCK] value ([1, XBLOCK] in the OUTER form's block);
+        elsewhere the whole block."""
+        return self.k.row_shape() if self.k.reduction else self.k.block_shape()
 
     def load(self, name, index):
         local = self.k.locals.get(name)
@@ -367,6 +368,11 @@ class TritonKernel:
     def block_shape(self) -> str:
         return "[" + ", ".join(a.block for a in (self.block_axes or self.axes)) + "]"
 
+    def row_shape(self) -> str:
+        """The block with its reduction dims 1: one value per row ([XBLOCK, 1]; OUTER [1, XBLOCK])."""
+        return "[" + ", ".join("1" if a.prefix.startswith("r") else a.block
+                               for a in (self.block_axes or self.axes)) + "]"
+
     def mask_for(self, expr, extra=()) -> str:
         used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
         masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
@@ -379,7 +385,7 @@ class TritonKernel:
         offset = texpr(expr)
         if not expr.free_symbols:
             # one element (a full reduction, a 0-d output): a block of equal offsets, one lane writes
-            shape = "[XBLOCK, 1]" if self.reduction else self.block_shape()
+            shape = self.row_shape() if self.reduction else self.block_shape()
             offset, mask = f"tl.full({shape}, {offset}, tl.int32)", "xmask"
         return f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})"
 
