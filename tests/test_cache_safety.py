@@ -39,10 +39,13 @@ PROGRAM = """
 EXPECTED = "[0.0, 0.0, 1.0, 4.0, 7.0]"
 
 
+def _pythonpath() -> str:
+    """ROOT first, then whatever PYTHONPATH holds already (where cffi may live)."""
+    return os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def _python(code, env_extra, timeout=180):
-    env = {**os.environ, **env_extra}
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env = {**os.environ, **env_extra, "PYTHONPATH": _pythonpath()}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=timeout)
 
@@ -402,7 +405,7 @@ def test_a_killed_compile_leaves_nothing_for_long(tmp_cache, tmp_path):
     """
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
                             env={**os.environ, "CXX": cxx, "STAX_CACHE_DIR": str(tmp_cache),
-                                 "PYTHONPATH": str(ROOT)})
+                                 "PYTHONPATH": _pythonpath()})
     try:
         for _ in range(300):
             if pidfile.exists() and pidfile.read_text().strip():
@@ -439,7 +442,7 @@ def test_clear_during_compiles_does_not_fail_them(tmp_path):
         print("done")
     """
     stax.ones(1)
-    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    full_env = {**os.environ, **env, "PYTHONPATH": _pythonpath()}
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     clears = 0
