@@ -544,18 +544,12 @@ class CompiledFunction:
     def _build_dynamic(self, rkey, args, kwargs, lifted, name, dims, inputs):
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
-        from .capture import GraphBreak, capture
         t0 = time.perf_counter()
         env = dynshape.ShapeEnv()
-        try:
-            graph, spec = capture(self.fn, list(args), kwargs, shape_env=env, dynamic_dims=dims)
-        except GraphBreak as e:
-            if self.fullgraph:
-                raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}. "
-                                 "Replace the data-dependent branch with stax.where(...), or drop "
-                                 "fullgraph=True to run the function eagerly.") from None
-            _log("graph", name, f"graph break, running eagerly: {e}")
+        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims)
+        if captured is None:
             return (lambda inputs: True), None
+        graph, spec = captured
         layouts = [(n.meta.shape, n.meta.stride) for n in graph.inputs if n.op == "placeholder"]
         source = env.guard_source(layouts)
         scope: dict = {}
@@ -606,12 +600,11 @@ class CompiledFunction:
             return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
         return _describe_change(old, key)
 
-    def _build(self, key, args, kwargs, lifted, name):
-        """Capture, compile and load one specialization: its artifact entry (None: run eagerly)."""
+    def _capture(self, name, args, kwargs, **how):
+        """(graph, spec), or None after a graph break (logged; fullgraph=True raises instead)."""
         from .capture import GraphBreak, capture
-        t0 = time.perf_counter()
         try:
-            graph, spec = capture(self.fn, list(args), kwargs)
+            return capture(self.fn, list(args), kwargs, **how)
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}. "
@@ -619,6 +612,14 @@ class CompiledFunction:
                                  "fullgraph=True to run the function eagerly.") from None
             _log("graph", name, f"graph break, running eagerly: {e}")
             return None
+
+    def _build(self, key, args, kwargs, lifted, name):
+        """Capture, compile and load one specialization: its artifact entry (None: run eagerly)."""
+        t0 = time.perf_counter()
+        captured = self._capture(name, args, kwargs)
+        if captured is None:
+            return None
+        graph, spec = captured
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)

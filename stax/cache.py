@@ -35,6 +35,7 @@ enters every native cache key; ``CXXFLAGS`` are the flags (``STAX_CXXFLAGS`` app
 from __future__ import annotations
 
 import hashlib
+import json
 import linecache
 import os
 import platform
@@ -267,6 +268,22 @@ def discard(path, why: str) -> None:
                 p.unlink()
         except OSError:
             pass
+
+
+def read_sealed_json(path, valid, what: str):
+    """The JSON record at `path` if it passes its hash and `valid(record)`, else None (a bad one
+    is logged and removed: the caller builds it again)."""
+    payload = read_sealed(path)
+    if payload is None:
+        return None
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        record = None
+    if not valid(record):
+        discard(path, f"not {what} of the expected structure")
+        return None
+    return record
 
 
 def exec_source(kind: str, stem: str, source: str, names: dict) -> types.ModuleType:

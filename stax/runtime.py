@@ -212,14 +212,5 @@ class LoadedModule:
 def load_artifact(path) -> LoadedModule | None:
     """The record at `path` if it passes its hash and has the right structure, else None (the
     caller generates the module again); a bad record is logged and removed."""
-    payload = cache.read_sealed(path)
-    if payload is None:
-        return None
-    try:
-        record = json.loads(payload)
-    except ValueError:
-        record = None
-    if not _is_record(record):
-        cache.discard(path, "not an artifact record of the expected structure")
-        return None
-    return LoadedModule(record)
+    record = cache.read_sealed_json(path, _is_record, "an artifact record")
+    return None if record is None else LoadedModule(record)

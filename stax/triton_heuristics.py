@@ -248,17 +248,8 @@ def _is_choice(record) -> bool:
 
 def _load_choice(path):
     """(config, ms) from a tuning record on disk, or None (missing, or bad: logged and removed)."""
-    payload = cache.read_sealed(path)
-    if payload is None:
-        return None
-    try:
-        record = json.loads(payload)
-    except ValueError:
-        record = None
-    if not _is_choice(record):
-        cache.discard(path, "not a tuning record of the expected structure")
-        return None
-    return record["config"], record["ms"]
+    record = cache.read_sealed_json(path, _is_choice, "a tuning record")
+    return None if record is None else (record["config"], record["ms"])
 
 
 def _save_cubin(path, cubin: bytes, info) -> None:

@@ -34,18 +34,13 @@ import sympy
 from .autotune import next_pow2
 from .dtypes import int64
 from .ir import IndexCollector, Reduction, index_vars, set_handler
-from .printer import Var
 from .schedule import node_index, phases
 from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
-from .triton_reduction import _flat_rindex, _identity, _reduce_mask
+from .triton_reduction import _RED_FN, _flat_rindex, _identity, _reduce_mask, accumulate
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
 BLOCK = "[R0_BLOCK, XBLOCK]"
 
-_RED_FN = {"sum": "tl.sum({v}, 0)", "prod": "triton_helpers.prod({v}, 0)",
-           "amax": "triton_helpers.max2({v}, 0)", "amin": "triton_helpers.min2({v}, 0)"}
-_COMBINE = {"sum": "({a} + {v})", "prod": "({a} * {v})",
-            "amax": "triton_helpers.maximum({a}, {v})", "amin": "triton_helpers.minimum({a}, {v})"}
 
 
 def _loads(k, xv, rv) -> list:
@@ -109,30 +104,9 @@ def _outer_persistent(k, nodes, xvars, rvars, p):
             p.lines.append(f"_, {pair} = triton_helpers.{fn}({m}, {idx}, 0)")
             result = p.emit(f"{pair}[None, :]", int64)
         else:
-            red = _RED_FN[n.reduction_type].format(v=m)
+            red = _RED_FN[n.reduction_type].format(v=m, d=0)
             result = p.emit(f"{red}[None, :].to({tl_dtype(n.src_dtype)})", n.src_dtype)
         _store_or_keep(k, n, result, xvars, rvars, p.lines)
-
-
-def _outer_accumulate(k, n, num, b, p, post):
-    """One step of reduction `n` into its [R0_BLOCK, XBLOCK] accumulator _tmp{num}; the final
-    reduction over dim 0 goes to `post`."""
-    mask = _reduce_mask(k)
-    if n.reduction_type in ("argmax", "argmin"):
-        idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, {BLOCK}).to(tl.int64)", int64)
-        pick = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
-        nv, ni = k.new_tmp(), k.new_tmp()
-        p.lines.append(f"{nv}, {ni} = triton_helpers.{pick}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
-        p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
-        p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
-        fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
-        post.append(f"_, tmp{num}_idx = triton_helpers.{fn}(_tmp{num}, _tmp{num}_index, 0)")
-        post.append(f"tmp{num} = tmp{num}_idx[None, :]")
-        return Var(f"tmp{num}", int64)
-    comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
-    p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
-    post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[None, :]")
-    return Var(f"tmp{num}", n.src_dtype)
 
 
 def _outer_looped(k, nodes, xvars, rvars) -> list:
@@ -151,7 +125,7 @@ def _outer_looped(k, nodes, xvars, rvars) -> list:
             _store_or_keep(k, n, value, xvars, rvars, p.lines)
             continue
         b = p.emit(f"tl.broadcast_to({value}, {BLOCK})", value.dtype)
-        k.locals[n.name] = _outer_accumulate(k, n, accs[n.name], b, p, post)
+        k.locals[n.name] = accumulate(k, n, accs[n.name], b, p, post, BLOCK, 0)
         if n.name not in k.sched.kernel_local:
             post.append(k.store(n, k.locals[n.name], xvars, rvars))
     for n in nodes:                       # per-element values do not outlive their loop

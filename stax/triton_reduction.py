@@ -71,8 +71,9 @@ def _reduction_form(k) -> tuple:
     return "red", None, hint
 
 
-_RED_FN = {"sum": "tl.sum({v}, 1)", "prod": "triton_helpers.prod({v}, 1)",
-           "amax": "triton_helpers.max2({v}, 1)", "amin": "triton_helpers.min2({v}, 1)"}
+# the reduction over dim {d} of a block: 1 in the row form's [XBLOCK, R0_BLOCK], 0 in OUTER's
+_RED_FN = {"sum": "tl.sum({v}, {d})", "prod": "triton_helpers.prod({v}, {d})",
+           "amax": "triton_helpers.max2({v}, {d})", "amin": "triton_helpers.min2({v}, {d})"}
 _COMBINE = {"sum": "({a} + {v})", "prod": "({a} * {v})",
             "amax": "triton_helpers.maximum({a}, {v})", "amin": "triton_helpers.minimum({a}, {v})"}
 
@@ -110,7 +111,7 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
             else:
                 ident = _identity(n)
                 m = p.emit(f"tl.where({mask}, {b}, {ident})", value.dtype)
-                result = p.emit(_RED_FN[n.reduction_type].format(v=m) + f"[:, None].to({acc})", n.src_dtype)
+                result = p.emit(_RED_FN[n.reduction_type].format(v=m, d=1) + f"[:, None].to({acc})", n.src_dtype)
             k.locals[n.name] = result
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, result, xvars, rvars))
@@ -118,6 +119,29 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
             k.locals[n.name] = value
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, value, xvars, rvars))
+
+
+def accumulate(k, n, num, b, p, post, block: str, rdim: int) -> Var:
+    """One loop step of reduction `n` into its accumulator `_tmp{num}` (a `block`-shaped tensor;
+    `b` is this step's values), masked by the reduction mask; the final reduction over dim `rdim`
+    goes to `post`. The row form's block is [XBLOCK, R0_BLOCK] (rdim 1), the OUTER form's
+    [R0_BLOCK, XBLOCK] (rdim 0)."""
+    mask, keep = _reduce_mask(k), "[:, None]" if rdim == 1 else "[None, :]"
+    if n.reduction_type in ("argmax", "argmin"):
+        idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, {block}).to(tl.int64)", int64)
+        pick = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
+        nv, ni = k.new_tmp(), k.new_tmp()
+        p.lines.append(f"{nv}, {ni} = triton_helpers.{pick}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
+        p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
+        p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
+        fn = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
+        post.append(f"_, tmp{num}_idx = triton_helpers.{fn}(_tmp{num}, _tmp{num}_index, {rdim})")
+        post.append(f"tmp{num} = tmp{num}_idx{keep}")
+        return Var(f"tmp{num}", int64)
+    comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
+    p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
+    post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}", d=rdim) + keep)
+    return Var(f"tmp{num}", n.src_dtype)
 
 
 def _looped_phase(k, nodes, xvars, rvars) -> list:
@@ -136,24 +160,9 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
     for n in nodes:
         value = k.body(n, xvars, rvars, p)
         if isinstance(n, Reduction):
-            num, mask = accs[n.name], _reduce_mask(k)
+            num = accs[n.name]
             b = p.emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
-            if n.reduction_type in ("argmax", "argmin"):
-                idx = p.emit(f"tl.broadcast_to({_flat_rindex(k)}, [XBLOCK, R0_BLOCK]).to(tl.int64)", int64)
-                fn = "_pick_max" if n.reduction_type == "argmax" else "_pick_min"
-                nv, ni = k.new_tmp(), k.new_tmp()
-                p.lines.append(f"{nv}, {ni} = triton_helpers.{fn}({b}, {idx}, _tmp{num}, _tmp{num}_index)")
-                p.lines.append(f"_tmp{num} = tl.where({mask}, {nv}, _tmp{num})")
-                p.lines.append(f"_tmp{num}_index = tl.where({mask}, {ni}, _tmp{num}_index)")
-                fn2 = "max_with_index" if n.reduction_type == "argmax" else "min_with_index"
-                post.append(f"_, tmp{num}_idx = triton_helpers.{fn2}(_tmp{num}, _tmp{num}_index, 1)")
-                post.append(f"tmp{num} = tmp{num}_idx[:, None]")
-                k.locals[n.name] = Var(f"tmp{num}", int64)
-            else:
-                comb = p.emit(_COMBINE[n.reduction_type].format(a=f"_tmp{num}", v=b), n.src_dtype)
-                p.lines.append(f"_tmp{num} = tl.where({mask}, {comb}, _tmp{num})")
-                post.append(f"tmp{num} = " + _RED_FN[n.reduction_type].format(v=f"_tmp{num}") + "[:, None]")
-                k.locals[n.name] = Var(f"tmp{num}", n.src_dtype)
+            k.locals[n.name] = accumulate(k, n, num, b, p, post, "[XBLOCK, R0_BLOCK]", 1)
             if n.name not in k.sched.kernel_local:
                 post.append(k.store(n, k.locals[n.name], xvars, rvars))
         else:
