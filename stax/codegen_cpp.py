@@ -37,8 +37,8 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .ir import (FloorDiv, ModularIndexing, Reduction, compute_dtype, index_vars, merge_dims,
-                    reduction_identity, set_handler, simplify_index)
+from .ir import (Reduction, compute_dtype, index_vars, merge_dims, reduction_identity, set_handler,
+                 simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import IndexPrinter, Printer, Var
@@ -512,18 +512,19 @@ def _reduction_loop(k, nodes, xidx, ridx, rnames, rsizes) -> list:
     return lines + _combine_lanes(k, reductions, xidx, ridx)
 
 
-def _lane_accumulators(reductions) -> list:
-    """Declare `acc_NAME[LANES]` (and `acc_NAME_idx` for argmax/argmin), filled with the identity."""
+def _lane_accumulators(reductions, width=LANES) -> list:
+    """Declare `acc_NAME[width]` (and `acc_NAME_idx` for argmax/argmin), filled with the identity:
+    LANES lanes of a row reduction, or one per column of a column block."""
     pre = []
     for n in reductions:
         acc, t = f"acc_{n.name}", ctype(n.src_dtype)
         init = _identity(n)
         if n.reduction_type in ("argmax", "argmin"):
-            pre.append(f"{t} {acc}[{LANES}]; int64_t {acc}_idx[{LANES}];")
-            pre.append(f"for (int l = 0; l < {LANES}; l++) {{ {acc}[l] = {init}; {acc}_idx[l] = 0; }}")
+            pre.append(f"{t} {acc}[{width}]; int64_t {acc}_idx[{width}];")
+            pre.append(f"for (int l = 0; l < {width}; l++) {{ {acc}[l] = {init}; {acc}_idx[l] = 0; }}")
         else:
-            pre.append(f"{t} {acc}[{LANES}];")
-            pre.append(f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init};")
+            pre.append(f"{t} {acc}[{width}];")
+            pre.append(f"for (int l = 0; l < {width}; l++) {acc}[l] = {init};")
     return pre
 
 
@@ -712,15 +713,7 @@ def _column_pass(k, nodes, xvars, rvars, block, rnames, rsizes) -> list:
     (no lanes to combine: lane l is column l), then the results stored per column."""
     xi, n, xb = block
     reductions = [r for r in nodes if isinstance(r, Reduction)]
-    lines = []
-    for r in reductions:
-        acc, t, init = f"acc_{r.name}", ctype(r.src_dtype), _identity(r)
-        if r.reduction_type in ("argmax", "argmin"):
-            lines.append(f"{t} {acc}[{xb}]; int64_t {acc}_idx[{xb}];")
-            lines.append(f"for (int l = 0; l < {xb}; l++) {{ {acc}[l] = {init}; {acc}_idx[l] = 0; }}")
-        else:
-            lines.append(f"{t} {acc}[{xb}];")
-            lines.append(f"for (int l = 0; l < {xb}; l++) {acc}[l] = {init};")
+    lines = _lane_accumulators(reductions, xb)
     body = _row_body(k, nodes, xvars, rvars, rnames, rsizes, "l")
     loop = _column_loop(xi, n, body, simd=True)
     for d, (v, s) in enumerate(reversed(list(zip(rnames, rsizes)))):

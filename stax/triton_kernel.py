@@ -34,7 +34,7 @@ import sympy
 
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
-from .ir import FloorDiv, ModularIndexing, Reduction, index_vars, merge_dims, set_handler, simplify_index
+from .ir import Reduction, index_vars, merge_dims, set_handler, simplify_index
 from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
 

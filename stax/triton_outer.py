@@ -36,7 +36,7 @@ from .dtypes import int64
 from .ir import IndexCollector, Reduction, index_vars, set_handler
 from .schedule import node_index, phases
 from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
-from .triton_reduction import _RED_FN, _flat_rindex, _identity, _reduce_mask, accumulate
+from .triton_reduction import _RED_FN, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
 BLOCK = "[R0_BLOCK, XBLOCK]"
@@ -128,13 +128,7 @@ def _outer_looped(k, nodes, xvars, rvars) -> list:
         k.locals[n.name] = accumulate(k, n, accs[n.name], b, p, post, BLOCK, 0)
         if n.name not in k.sched.kernel_local:
             post.append(k.store(n, k.locals[n.name], xvars, rvars))
-    for n in nodes:                       # per-element values do not outlive their loop
-        if not isinstance(n, Reduction):
-            k.locals.pop(n.name, None)
-    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
-    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
-    loop += ["    " + line for line in p.lines]
-    return pre + loop + post
+    return pre + r_loop(k, nodes, p.lines) + post
 
 
 def outer_reduction_kernel(k: TritonKernel) -> tuple:

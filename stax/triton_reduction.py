@@ -121,6 +121,17 @@ def _persistent_phase(k, nodes, xvars, rvars, p):
                 p.lines.append(k.store(n, value, xvars, rvars))
 
 
+def r_loop(k, nodes, body: list) -> list:
+    """`for r0_offset in tl.range(...)` around `body`, with the loop's index lines; the group's
+    per-element values are dropped from `k.locals` (they do not outlive the loop)."""
+    for n in nodes:
+        if not isinstance(n, Reduction):
+            k.locals.pop(n.name, None)
+    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
+    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
+    return loop + ["    " + line for line in body]
+
+
 def accumulate(k, n, num, b, p, post, block: str, rdim: int) -> Var:
     """One loop step of reduction `n` into its accumulator `_tmp{num}` (a `block`-shaped tensor;
     `b` is this step's values), masked by the reduction mask; the final reduction over dim `rdim`
@@ -169,13 +180,7 @@ def _looped_phase(k, nodes, xvars, rvars) -> list:
             k.locals[n.name] = value
             if n.name not in k.sched.kernel_local:
                 p.lines.append(k.store(n, value, xvars, rvars))
-    for n in nodes:                       # per-element values do not outlive their loop
-        if not isinstance(n, Reduction):
-            k.locals.pop(n.name, None)
-    loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
-    loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
-    loop += ["    " + line for line in p.lines]
-    return pre + loop + post
+    return pre + r_loop(k, nodes, p.lines) + post
 
 
 # ---- §9.5 Online softmax (Prop. 9.1): a multi-pass row too long for registers, in two passes ----
