@@ -3,6 +3,7 @@
     python -m stax run FILE [--show graph,ir,schedule,kernels,wrapper] [--device cpu|cuda] [-- ARGS]
     python -m stax cache clear
     python -m stax cache dir
+    python -m stax cache stats
     python -m stax --help
 
 `run` executes FILE as `python FILE ARGS` would (`__name__ == "__main__"`, `sys.argv = [FILE, *ARGS]`,
@@ -261,6 +262,34 @@ def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True
     return code
 
 
+def _cache_stats(root, cache) -> str:
+    """`python -m stax cache stats`: hits, misses and bytes of both levels, summed over the
+    processes that used this cache since it was last cleared."""
+    from . import remote_cache
+    total = cache.stats_totals()
+    local, rem = total.get("local", {}), total.get("remote", {})
+    lines = [f"cache folder: {root}",
+             f"local:  {local.get('hits', 0)} hits, {local.get('misses', 0)} misses, "
+             f"{local.get('bytes_read', 0)} bytes read"]
+    for kind, per in sorted(local.get("by_kind", {}).items()):
+        lines.append(f"  {kind:<10} {per.get('hits', 0)} hits, {per.get('misses', 0)} misses")
+    store = remote_cache.remote()
+    if store is None and not rem:
+        lines.append(f"remote: none ({remote_cache.ENV} is not set)")
+        return "\n".join(lines)
+    lines.append(f"remote: {rem.get('hits', 0)} hits, {rem.get('misses', 0)} misses, "
+                 f"{rem.get('bytes_read', 0)} bytes read, {rem.get('writes', 0)} writes "
+                 f"({rem.get('bytes_written', 0)} bytes), {rem.get('bad_entries', 0)} bad entries, "
+                 f"{rem.get('errors', 0)} errors, {rem.get('skipped_large', 0)} too large to send")
+    for kind, per in sorted(rem.get("by_kind", {}).items()):
+        lines.append(f"  {kind:<10} {per.get('hits', 0)} hits, {per.get('misses', 0)} misses")
+    if store is not None:
+        info = store.server_info()
+        lines.append(f"server {store.url}: " + ("unreachable" if info is None else
+                     f"{info['keys']} Stax entries, {info['used_memory']} used"))
+    return "\n".join(lines)
+
+
 def _cache(action: str) -> int:
     from . import cache
     try:
@@ -270,6 +299,8 @@ def _cache(action: str) -> int:
             print(f"stax: removed {n} file(s) from {root} (Stax's subfolders only)")
         elif action == "dir":
             print(root)
+        elif action == "stats":
+            print(_cache_stats(root, cache))
     except cache.CacheError as e:
         print(f"stax cache {action}: {e}", file=sys.stderr)
         return 2
@@ -287,7 +318,8 @@ def _parser() -> argparse.ArgumentParser:
                "  python -m stax cache clear\n"
                "environment: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles "
                "(stages to print), STAX_CACHE_DIR (default ~/.cache/stax), CXX, STAX_CXXFLAGS, "
-               "STAX_COMPILE_TIMEOUT (seconds, default 300)",
+               "STAX_COMPILE_TIMEOUT (seconds, default 300), STAX_REMOTE_CACHE (redis://host:port/db, "
+               "a shared second level), STAX_REMOTE_CACHE_TRUST_NATIVE=1 (load .so files from it)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{run,cache}")
     r = sub.add_parser("run", help="run a Python script with Stax's stages shown, then summarize",
@@ -306,9 +338,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("script_args", nargs="*", metavar="-- ARGS",
                    help="arguments for the script, after `--`")
     c = sub.add_parser("cache", help="manage the kernel cache ($STAX_CACHE_DIR or ~/.cache/stax)")
-    c.add_argument("action", choices=["clear", "dir"],
+    c.add_argument("action", choices=["clear", "dir", "stats"],
                    help="clear: delete every cached kernel, wrapper and record (only the subfolders "
-                        "Stax made; the folder must carry Stax's CACHEDIR.TAG); dir: print the cache folder")
+                        "Stax made; the folder must carry Stax's CACHEDIR.TAG); dir: print the cache "
+                        "folder; stats: hits, misses and bytes of the local and remote levels")
     return p
 
 

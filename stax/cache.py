@@ -1,7 +1,8 @@
 """Content-addressed cache and the C++ toolchain (§11.1 content-addressed cache; §8 runtime:
 compile & load).
 
-Layer: bottom (imports no other stax module; everything that writes to disk builds on it).
+Layer: bottom (imports only ``remote_cache``, the optional second level; everything that writes
+to disk builds on it).
 
 Consumes: C++ kernel source text (the prelude ``cpp_prelude.h`` followed by the generated
 ``extern "C"`` kernels) and the C declarations of those kernels (a cffi ``cdef``).
@@ -30,10 +31,19 @@ enters every native cache key; ``CXXFLAGS`` are the flags (``STAX_CXXFLAGS`` app
 ``_failure`` decides whom a failed compile blames (a trivial file built the same way);
 ``compile_timeout`` (``STAX_COMPILE_TIMEOUT``) stops a hung compiler; ``cache_dir`` and
 ``_check_private`` are the folder rules; ``sweep_stale`` removes what killed compiles left.
+
+A second level (``remote_cache.py``, ``STAX_REMOTE_CACHE=redis://...``) is read on a local miss
+and written after a local write, with the same names and the same sealed bytes: sealed entries
+(artifact records, tuning records, cubins) are data and always shared; a library is taken from it
+only under ``STAX_REMOTE_CACHE_TRUST_NATIVE=1`` (``_library_from_remote``). ``LOCAL`` and
+``remote_cache.STATS`` count hits and misses; ``_save_stats`` adds them up in ``stats/``.
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import fcntl
 import hashlib
 import json
 import linecache
@@ -50,7 +60,10 @@ import time
 import types
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import remote_cache
 
 __all__ = [
     "cache_dir", "folder", "atomic_write", "content_hash", "clear_cache", "write_sealed", "read_sealed",
@@ -66,7 +79,7 @@ _MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                 "# This file is a cache directory tag created by Stax (a tensor-program compiler).\n"
                 "# `python -m stax cache clear` removes only Stax's subfolders of this folder.\n"
                 "# For information about cache directory tags see https://bford.info/cachedir/\n")
-SUBDIRS = ("cpp", "py", "kernels", "artifacts", "autotune", "cubin", "tmp")   # everything Stax writes
+SUBDIRS = ("cpp", "py", "kernels", "artifacts", "autotune", "cubin", "stats", "tmp")   # all Stax writes
 
 
 class CacheError(RuntimeError):
@@ -230,28 +243,56 @@ def _sha(data: bytes) -> bytes:
     return hashlib.sha256(data).hexdigest().encode()
 
 
-def write_sealed(path, payload) -> Path:
-    """Write an entry with the sha256 of its payload on its first line (``read_sealed`` checks it)."""
+def _sealed(payload: bytes) -> bytes:
+    return _SEAL + _sha(payload) + b"\n" + payload
+
+
+def _unseal(data: bytes) -> bytes | None:
+    """The payload if `data` carries the right hash on its first line, else None."""
+    head, _, payload = data.partition(b"\n")
+    return payload if head == _SEAL + _sha(payload) else None
+
+
+def write_sealed(path, payload, shared: bool = True) -> Path:
+    """Write an entry with the sha256 of its payload on its first line (``read_sealed`` checks it),
+    and, when `shared`, the same bytes to the remote level (``STAX_REMOTE_CACHE``)."""
     if isinstance(payload, str):
         payload = payload.encode("utf-8")
-    return atomic_write(path, _SEAL + _sha(payload) + b"\n" + payload)
+    data = _sealed(payload)
+    path = atomic_write(path, data)
+    if shared:
+        _push_remote(path, data)
+    return path
 
 
-def read_sealed(path) -> bytes | None:
-    """The payload of an entry ``write_sealed`` wrote, or None: missing (a miss), or failing its
-    check (truncated, edited, garbage: logged, removed, so that the caller rebuilds it)."""
+def read_sealed(path, shared: bool = True) -> bytes | None:
+    """The payload of an entry ``write_sealed`` wrote, or None: missing here and (when `shared`)
+    on the remote level (a miss), or failing its check (truncated, edited, garbage: logged and
+    removed, so that the caller rebuilds it; a bad remote entry is deleted there too)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return None
+        data = _fetch_remote(path) if shared else None
+        if shared:
+            LOCAL.count(path.parent.name, "misses")
+        if data is None:
+            return None
+        payload = _unseal(data)
+        if payload is None:
+            _remote_bad(path, "its content does not match the hash it carries")
+            return None
+        atomic_write(path, data)     # the first level keeps it
+        return payload
     except OSError as e:
         discard(path, f"unreadable: {e.strerror or e}")
         return None
-    head, _, payload = data.partition(b"\n")
-    if head != _SEAL + _sha(payload):
+    payload = _unseal(data)
+    if payload is None:
         discard(path, "its content does not match the hash recorded when it was written")
         return None
+    if shared:
+        LOCAL.count(path.parent.name, "hits", len(data))
     return payload
 
 
@@ -268,6 +309,103 @@ def discard(path, why: str) -> None:
                 p.unlink()
         except OSError:
             pass
+
+
+# ---- §11.1 The second level (remote_cache.py) and the counters `cache stats` shows ----
+
+@dataclass
+class LocalStats:
+    """This process's first-level reads: entries found (and their bytes) and entries missing."""
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    by_kind: dict = field(default_factory=dict)    # "artifacts" -> {"hits": n, "misses": n}
+
+    def count(self, kind: str, what: str, nbytes: int = 0) -> None:
+        setattr(self, what, getattr(self, what) + 1)
+        self.bytes_read += nbytes
+        per = self.by_kind.setdefault(kind, {"hits": 0, "misses": 0})
+        per[what] += 1
+        _save_stats_at_exit()
+
+
+LOCAL = LocalStats()
+
+
+def _remote_name(path: Path) -> str | None:
+    """An entry's name on the remote level: its path under the cache root, as the local cache
+    keys it (``artifacts/<hash>.json``); None for a path outside the cache."""
+    try:
+        return path.resolve().relative_to(cache_dir().resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _remote_for(path: Path):
+    """(store, name) when a remote level is configured and `path` is a cache entry, else None."""
+    store = remote_cache.remote()
+    name = _remote_name(path) if store is not None else None
+    return None if name is None else (store, name)
+
+
+def _fetch_remote(path: Path) -> bytes | None:
+    found = _remote_for(path)
+    return None if found is None else found[0].get(found[1])
+
+
+def _push_remote(path: Path, data: bytes) -> None:
+    found = _remote_for(path)
+    if found is not None:
+        _save_stats_at_exit()
+        found[0].put(found[1], data)
+
+
+def _remote_bad(path: Path, why: str) -> None:
+    found = _remote_for(path)
+    if found is not None:
+        found[0].delete(found[1], why)
+
+
+_stats_hooked = False
+
+
+def _save_stats_at_exit() -> None:
+    global _stats_hooked
+    if not _stats_hooked:
+        _stats_hooked = True
+        atexit.register(_save_stats)
+
+
+def _save_stats() -> None:
+    """Add this process's counters to ``<cache>/stats/counters.json`` (under a lock: many
+    processes end at once). Never raises: statistics must not fail a run."""
+    mine = {"local": dataclasses.asdict(LOCAL), "remote": dataclasses.asdict(remote_cache.STATS)}
+    try:
+        path = folder("stats") / "counters.json"
+        _make_folder(path.parent)
+        with open(path.with_suffix(".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            total = stats_totals()
+            atomic_write(path, json.dumps(_add_counts(total, mine), sort_keys=True))
+    except Exception:                # noqa: BLE001
+        pass
+
+
+def _add_counts(a, b):
+    if isinstance(a, dict) or isinstance(b, dict):
+        a, b = (x if isinstance(x, dict) else {} for x in (a, b))
+        return {k: _add_counts(a.get(k, 0), b.get(k, 0)) for k in sorted(set(a) | set(b))}
+    return (a if isinstance(a, (int, float)) else 0) + (b if isinstance(b, (int, float)) else 0)
+
+
+def stats_totals() -> dict:
+    """The counters of every finished process since the last ``cache clear`` (a damaged file
+    reads as empty)."""
+    try:
+        total = json.loads((folder("stats") / "counters.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return total if isinstance(total, dict) else {}
 
 
 def read_sealed_json(path, valid, what: str):
@@ -487,7 +625,7 @@ def compiler_identity() -> str:
         memo = folder("cpp") / f"identity-{stamp}.txt"
     except OSError:
         memo = None
-    payload = read_sealed(memo) if memo is not None else None
+    payload = read_sealed(memo, shared=False) if memo is not None else None   # this host's only
     if payload is not None:
         ident = payload.decode("utf-8", "replace")
     else:
@@ -500,7 +638,7 @@ def compiler_identity() -> str:
             version = "unknown"
         ident = f"{cxx} | {version} | {flags} | {cpu}"
         if memo is not None:
-            write_sealed(memo, ident)
+            write_sealed(memo, ident, shared=False)
     _identity[key] = ident
     return ident
 
@@ -669,7 +807,7 @@ def _compile(cxx: str, source: str, key: str, kept: Path) -> bytes:
 def _verified_library(so: Path) -> bool:
     """Is ``<key>.so`` in the cache, whole and as written? Its sha256 was recorded at write time
     in ``<key>.so.sha256``; a library without a record or with another hash is removed."""
-    want = read_sealed(so.with_name(so.name + ".sha256"))
+    want = read_sealed(so.with_name(so.name + ".sha256"), shared=False)
     if want is None:
         if so.exists():
             discard(so, "no hash was recorded for it")
@@ -685,6 +823,45 @@ def _verified_library(so: Path) -> bool:
         discard(so, "its content does not match the hash recorded when it was written")
         return False
     return True
+
+
+def _store_library(so: Path, data: bytes) -> None:
+    """The hash record first, then the library, each atomically (``_verified_library`` reads)."""
+    write_sealed(so.with_name(so.name + ".sha256"), _sha(data), shared=False)
+    atomic_write(so, data)
+
+
+def trust_remote_native() -> bool:
+    """May a native library from the remote level be loaded? Only when the user says so
+    (``STAX_REMOTE_CACHE_TRUST_NATIVE=1``): a dlopen runs the library's code, so a shared cache
+    that others can write must not be able to plant one by default."""
+    return os.environ.get("STAX_REMOTE_CACHE_TRUST_NATIVE", "") == "1"
+
+
+def _local_miss(so: Path) -> bool:
+    LOCAL.count("cpp", "misses")
+    return False
+
+
+def _library_from_remote(so: Path, source: str) -> bool:
+    """A local miss of ``<key>.so``: take it from the remote level if trusted and whole (the
+    sha256 it carries checks out); its source is kept beside it as for a local compile."""
+    if remote_cache.remote() is None or not trust_remote_native():
+        return False
+    data = _fetch_remote(so)
+    if data is None:
+        return False
+    library = _unseal(data)
+    if library is None or _library_problem_bytes(library):
+        _remote_bad(so, "its content does not match the hash it carries, or it is not a library")
+        return False
+    atomic_write(so.with_suffix(".cpp"), source)
+    _store_library(so, library)
+    return True
+
+
+def _library_problem_bytes(data: bytes) -> bool:
+    return len(data) < 64 or (sys.platform.startswith("linux") and data[:4] != b"\x7fELF")
 
 
 _swept = False
@@ -712,14 +889,16 @@ def load_cpp(source: str, cdef: str):
         ffi.cdef(cdef)
         for attempt in range(3):
             so = folder("cpp") / f"{key}.so"
-            if not _verified_library(so):
+            if _verified_library(so):
+                LOCAL.count("cpp", "hits", so.stat().st_size)
+            elif not _local_miss(so) and not _library_from_remote(so, source):
                 if not _swept:       # once per process: what killed compiles left behind
                     sweep_stale()
                     _swept = True
                 kept = atomic_write(so.with_suffix(".cpp"), source)
                 data = _compile(cxx_compiler(), source, key, kept)
-                write_sealed(so.with_name(so.name + ".sha256"), _sha(data))
-                atomic_write(so, data)
+                _store_library(so, data)
+                _push_remote(so, _sealed(data))
             try:
                 lib = ffi.dlopen(str(so))
                 break
