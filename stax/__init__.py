@@ -67,7 +67,12 @@ def _logs() -> set:
     return stages
 
 
+_OBSERVERS: list = []       # callables (stage, title, payload): `python -m stax report`, `explain`
+
+
 def _log(stage: str, title: str, text: str):
+    for observe in _OBSERVERS:
+        observe(stage, title, text)
     if stage in _logs():
         print(f"==== stax {stage}: {title} ====\n{text.rstrip()}\n", file=sys.stderr)
 
@@ -347,7 +352,7 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
     _log("graph", name, graph.format())
     cuda = device.startswith("cuda")
     path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
-    if path is not None and not (_logs() & {"ir", "schedule"}):   # a miss reads the remote level
+    if path is not None and not (_logs() & {"ir", "schedule"}) and not _OBSERVERS:   # a miss reads the remote level
         module = runtime.load_artifact(path)
         if module is not None:
             _log("kernels", name, "\n".join(module.kernels.values()) or "(no kernels)")
@@ -371,7 +376,10 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
     _log("wrapper", name, module.wrapper)
     if path is not None:
         runtime.save_artifact(path, module)
-    return Generated(dict(module.kernels), module.wrapper, graph, ir_text, sched_text, module)
+    gen = Generated(dict(module.kernels), module.wrapper, graph, ir_text, sched_text, module)
+    for observe in _OBSERVERS:
+        observe("generated", name, gen)
+    return gen
 
 
 def _target(device: str) -> str:
@@ -637,6 +645,28 @@ class CompiledFunction:
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+
+
+def explain(fn, *inputs, timing: bool = True, **kwargs):
+    """What `stax.compile(fn)` does on these inputs, as an object for notebooks: the fusion graph,
+    the kernels (each line tied to its graph node), the IR, the wrapper, the guards and, with
+    `timing`, each kernel's time and a roofline (`report.Explanation`; Jupyter shows its page
+    inline, `.to_html()` is the page `python -m stax report` writes). Compiles fn afresh (a
+    CompiledFunction keeps its options) and runs it once on the inputs."""
+    from . import report
+    if isinstance(fn, CompiledFunction):
+        f = CompiledFunction(fn.fn, fn.fullgraph, fn.mode, fn.options, fn.dynamic)
+    else:
+        f = CompiledFunction(fn, False, None, None)
+    recorder = report.Recorder()
+    _OBSERVERS.append(recorder)
+    try:
+        f(*inputs, **kwargs)
+    finally:
+        _OBSERVERS.remove(recorder)
+        recorder.close()
+    f.last_inputs = (inputs, kwargs)
+    return report.explain_functions([f], recorder, timing=timing, device=_device_of(inputs))
 
 
 def compile_source(source: str, filename: str):

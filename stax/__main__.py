@@ -1,6 +1,7 @@
 """The `stax` command line: `python -m stax ...` (the top of the stack, beside `stax/__init__.py`).
 
     python -m stax run FILE [--show graph,ir,schedule,kernels,wrapper] [--device cpu|cuda] [-- ARGS]
+    python -m stax report FILE [-o report.html] [--device cpu|cuda] [-- ARGS]
     python -m stax cache clear
     python -m stax cache dir
     python -m stax cache stats
@@ -28,104 +29,9 @@ import sys
 import time
 
 import stax
+from stax.report import traffic     # Prop. 1.1's bytes moved: the summary and the report share it
 
 SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune")
-
-
-# ---- Bytes moved (Prop. 1.1) ----
-
-
-def _numel_spanned(layout) -> int:
-    """Distinct elements a layout addresses: a broadcast (stride-0) dimension adds none."""
-    n = 1
-    for size, stride in zip(layout.shape, layout.stride):
-        if int(stride) != 0:
-            n *= int(size)
-        elif int(size) == 0:
-            return 0
-    return n
-
-
-def _nbytes(lowered, name) -> int:
-    buf = lowered.buffer(name)
-    return _numel_spanned(buf.layout) * buf.dtype.itemsize
-
-
-def _kernel_params(source: str) -> list:
-    """[(param name, is_read, is_written)] from a C++ kernel's signature: `const T* in_ptrN` is read,
-    `T* out_ptrN` written, `T* in_out_ptrN` both."""
-    head = source[source.index("(") + 1:source.index(")")]
-    params = []
-    for decl in head.split(","):
-        decl = decl.strip()
-        if "*" not in decl:
-            continue            # a size argument (int64_t s0)
-        pname = decl.split("*")[-1].strip()
-        params.append((pname, "in_" in pname, "out_" in pname))
-    return params
-
-
-def _kernel_buffers(wrapper: str, name: str) -> list:
-    """Buffer names passed to kernel `name` in the wrapper: `kernels.NAME(ptr(a), ptr(b), ...)`."""
-    for line in wrapper.splitlines():
-        line = line.strip()
-        if line.startswith(f"kernels.{name}("):
-            args = line[len(f"kernels.{name}("):line.rindex(")")]
-            return [a.strip()[4:-1] for a in args.split(",") if a.strip().startswith("ptr(")]
-    raise LookupError(name)
-
-
-def traffic(gen) -> dict:
-    """Bytes the compiled code moves, and the Prop. 1.1 lower bound, for one specialization.
-
-    Estimate: each kernel reads every buffer it takes as an input pointer once and writes every
-    buffer it takes as an output pointer once (the signature says which: `const T* in_ptrN` is
-    read, `T* out_ptrN` written, `in_out_ptrN` both), sized from the lowered graph's layout of that
-    buffer (elements spanned, broadcast dimensions counted once, times the itemsize). Summed over
-    kernels, so an intermediate buffer written by one kernel and read by another counts twice,
-    which is exactly the traffic fusion removes. Re-reads of the same buffer inside one kernel
-    (softmax's passes over a row) are assumed to hit the cache: a row is small next to the caches,
-    so main-memory traffic is the distinct buffers. Fallback (extern) kernels, e.g. matmul, read
-    their inputs and write their output once. The bound is the graph's inputs read once plus its
-    outputs (and inputs it updates in place) written once."""
-    sched = gen.module.schedule
-    low = sched.lowered
-    kernels = list(gen.kernels.items())
-    rows, moved, ki = [], 0, 0
-    for g in sched.groups:
-        origins = list(dict.fromkeys(g.origins))
-        if g.kind == "extern":
-            e = g.nodes[0]
-            reads = sorted({x for a in e.inputs for x in (a if isinstance(a, list) else [a])
-                            if isinstance(x, str)})
-            writes = [e.name]
-            kname = f"fallback {e.op}"
-        else:
-            kname, src = kernels[ki]
-            ki += 1
-            try:
-                bufs = _kernel_buffers(gen.wrapper, kname)
-                params = _kernel_params(src)
-                reads = [b for b, (_, r, _) in zip(bufs, params) if r]
-                writes = [b for b, (_, _, w) in zip(bufs, params) if w]
-            except (LookupError, ValueError):
-                # Another back end's wrapper: fall back to what the schedule says the nodes load
-                # and store.
-                from .schedule import buffer_reads
-                inside = {n.name for n in g.nodes}
-                reads = sorted({r for n in g.nodes for r in buffer_reads(n)} - inside)
-                writes = [n.name for n in g.nodes if n.name not in sched.kernel_local]
-        nbytes = sum(_nbytes(low, b) for b in dict.fromkeys(reads)) + \
-            sum(_nbytes(low, b) for b in dict.fromkeys(writes))
-        moved += nbytes
-        rows.append({"kernel": kname, "kind": g.kind, "nodes": origins, "reads": reads,
-                     "writes": writes, "bytes": nbytes})
-    inputs = {b.name for b in low.inputs}
-    updated = {i for i, _ in low.mutations}
-    # an output that is an input returned unchanged costs nothing; an updated input is written
-    written = {o for o in low.outputs if isinstance(o, str) and o not in inputs} | updated
-    bound = sum(_nbytes(low, b) for b in inputs) + sum(_nbytes(low, b) for b in written)
-    return {"kernels": rows, "moved": moved, "bound": bound}
 
 
 # ---- Time against eager ----
@@ -223,14 +129,8 @@ def _use_device(device: str) -> None:
         sys.exit(2)
 
 
-def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True,
-        timing=True) -> int:
-    if not os.path.isfile(path):
-        print(f"stax run: no such file: {path}", file=sys.stderr)
-        return 2
-    stages = set(filter(None, os.environ.get("STAX_LOGS", "").split(","))) | set(show)
-    if stages:
-        os.environ["STAX_LOGS"] = ",".join(sorted(stages))
+def _run_script(path: str, device: str, script_args) -> tuple:
+    """Run FILE as `python FILE ARGS` would; returns (exit status, compiled functions it made)."""
     _use_device(device)
     try:                                # keep the script's prints in order with the stage logs
         sys.stdout.reconfigure(line_buffering=True)
@@ -254,11 +154,45 @@ def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True
     compiled = stax._RUN_REGISTRY
     stax._RUN_REGISTRY = None
     sys.stdout.flush()
+    return code, compiled
+
+
+def run(path: str, show: list, device: str = "cpu", script_args=(), summary=True,
+        timing=True) -> int:
+    if not os.path.isfile(path):
+        print(f"stax run: no such file: {path}", file=sys.stderr)
+        return 2
+    stages = set(filter(None, os.environ.get("STAX_LOGS", "").split(","))) | set(show)
+    if stages:
+        os.environ["STAX_LOGS"] = ",".join(sorted(stages))
+    code, compiled = _run_script(path, device, script_args)
     if summary:
         print(f"\n==== stax summary: {len(compiled)} compiled function(s) in {path} ====")
         for f in compiled:
             print(summarize(f, timing=timing))
         sys.stdout.flush()
+    return code
+
+
+def report(path: str, out: str | None, device: str = "cpu", script_args=(), timing=True) -> int:
+    """`python -m stax report FILE`: run it, then write one self-contained HTML page."""
+    from stax import report as report_mod
+    if not os.path.isfile(path):
+        print(f"stax report: no such file: {path}", file=sys.stderr)
+        return 2
+    recorder = report_mod.Recorder()
+    stax._OBSERVERS.append(recorder)
+    try:
+        code, compiled = _run_script(path, device, script_args)
+    finally:
+        stax._OBSERVERS.remove(recorder)
+        recorder.close()
+    expl = report_mod.explain_functions(compiled, recorder, timing=timing, device=device)
+    out = out or os.path.splitext(os.path.basename(path))[0] + ".html"
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(expl.to_html(f"Stax report: {os.path.basename(path)}"))
+    print(f"stax report: wrote {out} ({len(compiled)} compiled function(s), "
+          f"{len(expl.kernels())} kernel(s))", file=sys.stderr)
     return code
 
 
@@ -315,13 +249,14 @@ def _parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  python -m stax run examples/ex1_1_relu_sum.py --show kernels,wrapper\n"
                "  python -m stax run my_script.py --show graph,ir -- --my-flag 3\n"
+               "  python -m stax report examples/softmax.py -o softmax.html\n"
                "  python -m stax cache clear\n"
                "environment: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles "
                "(stages to print), STAX_CACHE_DIR (default ~/.cache/stax), CXX, STAX_CXXFLAGS, "
                "STAX_COMPILE_TIMEOUT (seconds, default 300), STAX_REMOTE_CACHE (redis://host:port/db, "
                "a shared second level), STAX_REMOTE_CACHE_TRUST_NATIVE=1 (load .so files from it)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{run,cache}")
+    sub = p.add_subparsers(dest="command", metavar="{run,report,cache}")
     r = sub.add_parser("run", help="run a Python script with Stax's stages shown, then summarize",
                        description="Run FILE as `python FILE ARGS` would, with the chosen stages "
                                    "printed to stderr, then print a summary per compiled function "
@@ -337,6 +272,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="summary without re-running the functions to time them")
     r.add_argument("script_args", nargs="*", metavar="-- ARGS",
                    help="arguments for the script, after `--`")
+    rp = sub.add_parser("report", help="run a script, then write one HTML page: fusion graph, kernels, "
+                                       "roofline, guards, autotuning",
+                        description="Run FILE as `run` does and write one self-contained HTML file with, "
+                                    "per compiled function and artifact, the fusion graph, each kernel's "
+                                    "source tied to its graph nodes, the IR, the wrapper, a roofline and "
+                                    "the guards.")
+    rp.add_argument("file", help="the Python script to run")
+    rp.add_argument("-o", "--output", default=None, help="the HTML file to write (default: FILE's name .html)")
+    rp.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="default device of the tensors the script creates (default: cpu)")
+    rp.add_argument("--no-timing", action="store_true", help="no kernel timing and no roofline")
+    rp.add_argument("script_args", nargs="*", metavar="-- ARGS", help="arguments for the script, after `--`")
     c = sub.add_parser("cache", help="manage the kernel cache ($STAX_CACHE_DIR or ~/.cache/stax)")
     c.add_argument("action", choices=["clear", "dir", "stats"],
                    help="clear: delete every cached kernel, wrapper and record (only the subfolders "
@@ -348,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args = []
-    if argv[:1] == ["run"] and "--" in argv:        # everything after `--` belongs to the script
+    if argv[:1] in (["run"], ["report"]) and "--" in argv:        # everything after `--` belongs to the script
         i = argv.index("--")
         argv, script_args = argv[:i], argv[i + 1:]
     p = _parser()
@@ -358,6 +305,9 @@ def main(argv=None) -> int:
         return 0
     if ns.command == "cache":
         return _cache(ns.action)
+    if ns.command == "report":
+        return report(ns.file, ns.output, ns.device, list(ns.script_args) + script_args,
+                      timing=not ns.no_timing)
     show = [s.strip() for s in ns.show.split(",") if s.strip()]
     if "all" in show:
         show = list(SHOW_STAGES)

@@ -39,8 +39,11 @@ from .dtypes import bfloat16, bool_, float16, float32
 
 class _Handler(threading.local):
     """The installed handler, one per thread: threads lowering and printing at once (several
-    functions compiled concurrently) each run their own `inner_fn`s against their own handler."""
+    functions compiled concurrently) each run their own `inner_fn`s against their own handler.
+    `origin` is the graph node whose body is running (`with_origin`), so that a printer can say
+    which node each line it prints comes from (the report highlights them)."""
     handler = None
+    origin = None
 
 
 _current = _Handler()
@@ -58,6 +61,23 @@ class _Ops:
 
 
 ops = _Ops()
+
+
+def current_origin():
+    """The graph node whose body is being run in this thread (None outside any)."""
+    return _current.origin
+
+
+def with_origin(loader, node_name: str):
+    """`loader` that marks the ops it runs as coming from graph node `node_name` (the ops of
+    values inlined into it keep their own node: each loader sets and restores the mark)."""
+    def load(*index):
+        outer, _current.origin = _current.origin, node_name
+        try:
+            return loader(*index)
+        finally:
+            _current.origin = outer
+    return load
 
 
 class set_handler:

@@ -29,7 +29,7 @@ from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
-                 simplify_index)
+                 simplify_index, with_origin)
 from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
 
@@ -531,6 +531,7 @@ class _Lowering:
             inlined = [o for a in args for x in (a if isinstance(a, list) else [a])
                        if isinstance(x, Value) and x.buffer is None for o in x.origins]
             v.origins = list(dict.fromkeys(inlined + [node.name]))
+            v.loader = with_origin(v.loader, node.name)     # printers tag its lines with the node
             if v.cost > self.inline_limit:
                 v = self.realize(v)
         self.env[node] = v

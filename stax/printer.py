@@ -22,12 +22,13 @@ Where to look:
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import sympy
 
 from .dtypes import bool_
-from .ir import FloorDiv, ModularIndexing
+from .ir import FloorDiv, ModularIndexing, current_origin
 from .op_table import BY_HANDLER
 
 # ---- The value of a printed op ----
@@ -46,6 +47,17 @@ class Var:
 # ---- The skeleton ----
 
 
+_collected = threading.local()
+
+
+def collect_printers(on: bool) -> list:
+    """Start (on=True) or stop keeping every Printer made in this thread; returns those kept so
+    far and starts a new list. The report matches them to kernels to map lines to graph nodes."""
+    kept = getattr(_collected, "printers", None) or []
+    _collected.printers = [] if on else None
+    return kept
+
+
 class Printer:
     """ops handler base: `emit` deduplicates expressions; the op table spells generic ops."""
 
@@ -53,6 +65,10 @@ class Printer:
 
     def __init__(self):
         self.lines, self.cse = [], {}
+        self.origin_of = {}             # variable name -> graph node it computes (ir.with_origin)
+        collecting = getattr(_collected, "printers", None)
+        if collecting is not None:      # a report is being made: keep this printer for it
+            collecting.append(self)
 
     def new_name(self) -> str:
         raise NotImplementedError
@@ -67,6 +83,7 @@ class Printer:
         var = Var(self.new_name(), dtype)
         self.lines.append(self.assignment(var.name, expr))
         self.cse[expr] = var
+        self.origin_of[var.name] = current_origin()
         return var
 
     def _logical(self, op, a, b):

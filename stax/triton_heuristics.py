@@ -224,6 +224,21 @@ def _show_autotune() -> bool:
     return "autotune" in os.environ.get("STAX_LOGS", "").split(",") or "all" in os.environ.get("STAX_LOGS", "")
 
 
+def _progress(text: str, times: list, done: bool = False) -> None:
+    """One line of autotuning progress, rewritten in place (candidate i of n, best so far), on a
+    terminal only (or under STAX_LOGS=autotune); quiet when stderr is a file or a pipe."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not (tty or _show_autotune()):
+        return
+    finite = [t for t in times if t != math.inf]
+    best = f", best so far {min(finite):.4f} ms" if finite else ""
+    print(f"\r{text}{best}\033[K" if tty else f"\r{text}{best}", end="\n" if done else "",
+          file=sys.stderr, flush=True)
+
+
 def _triton_version() -> str:
     """Triton's version without importing triton (a warm cache never imports it)."""
     from importlib.metadata import version
@@ -393,10 +408,9 @@ class CachingAutotuner:
         saved = self._protect(args)
         times = []
         for i, cfg in enumerate(cands):
-            if _show_autotune():
-                print(f"\rstax autotune {self.name}: candidate {i + 1}/{len(cands)}", end="",
-                      file=sys.stderr, flush=True)
+            _progress(f"stax autotune {self.name}: candidate {i + 1}/{len(cands)}", times)
             times.append(self._measure(cfg, numels, args))
+        _progress(f"stax autotune {self.name}: {len(cands)} candidate(s) measured", times, done=True)
         best = min(range(len(cands)), key=lambda i: times[i])
         if times[best] == math.inf:
             self._restore(saved)
@@ -412,7 +426,6 @@ class CachingAutotuner:
                                              "candidate_ms": times, "search": search,
                                              "seconds": self.tuning_seconds}))
         if _show_autotune():
-            print("", file=sys.stderr)
             for cfg, t in zip(cands, times):
                 mark = "  <- best candidate" if cfg is cands[best] else ""
                 print(f"  {cfg}: {t:.4f} ms{mark}", file=sys.stderr)
@@ -431,7 +444,12 @@ class CachingAutotuner:
     def _search(self, search: str, start: Config, numels: dict, args) -> tuple:
         """mode="max-autotune": Algorithm 9.2 from the best candidate, or random search (Prop. 9.3)."""
         space = tuning_space(self.kind, start, numels, self.reduction_hint)
-        cost = lambda cfg: self._measure(cfg, numels, args)   # noqa: E731
+        seen: list = []
+
+        def cost(cfg):
+            seen.append(self._measure(cfg, numels, args))
+            _progress(f"stax max-autotune {self.name}: {search} search, step {len(seen)}", seen)
+            return seen[-1]
         if search == "random":
             q, delta = self.options.get("autotune_q", 0.05), self.options.get("autotune_delta", 0.05)
             found = random_search(space, cost, samples_for_quantile(q, delta), random.Random(0))
@@ -439,7 +457,9 @@ class CachingAutotuner:
                 found = start
         else:
             found = coordinate_descent(start, cost, space, eps=self.options.get("autotune_eps", 1e-3))
-        return found, cost(found)
+        found_ms = cost(found)
+        _progress(f"stax max-autotune {self.name}: {search} search, {len(seen)} step(s)", seen, done=True)
+        return found, found_ms
 
     def _measure(self, cfg: Config, numels: dict, args) -> float:
         """Median time of one launch in ms (CUDA events, after a warm-up); inf if it cannot run."""
