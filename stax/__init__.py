@@ -38,6 +38,8 @@ from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
+from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402,F401
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
@@ -444,6 +446,12 @@ class CompiledFunction:
         self.stats["calls"] += 1
         if current_tracer() is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
+        if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
+            # §5: compiled forward + backward artifacts are not built yet; eager autograd is exact
+            self.stats["eager_calls"] += 1
+            _log("graph", getattr(self.fn, "__name__", "fn"), "an input requires grad: running eagerly "
+                 "under autograd (compiled training, §5, is not built yet)")
+            return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
         if self.reads is None:
@@ -463,7 +471,7 @@ class CompiledFunction:
         return self._run(entry, args, kwargs, lifted, alias)
 
     def _run(self, entry, args, kwargs, lifted, alias):
-        if entry is None:
+        if entry is None or (lifted and _needs_grad(lifted)):
             self.stats["eager_calls"] += 1
             return self.fn(*args, **kwargs)
         call, spec, flat, consts, lifts, _ = entry
@@ -645,6 +653,23 @@ class CompiledFunction:
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+
+
+def _needs_grad(values) -> bool:
+    """Does any tensor among `values` (nested in lists, tuples, dicts) take part in autograd?"""
+    if not autograd.is_grad_enabled():
+        return False
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Tensor):
+            if v.requires_grad:
+                return True
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return False
 
 
 def explain(fn, *inputs, timing: bool = True, **kwargs):

@@ -228,6 +228,114 @@ OPS = {d.name: d for d in [
     OpDef("select_scatter", "scatter", 2, None),
 ]}
 
+# ---- §5 Derivatives: one formula per differentiable op ----
+#
+# DERIVATIVES[op](F, g, inputs, out, params) -> one gradient per input (None: not differentiable).
+# `g` is the gradient of the op's output, `F` the tensor functions autograd.py passes in (so
+# this table stays at the bottom of the stack): where, exp, sin, cos, sign, sum_to (reduce a
+# broadcast gradient to an input's shape), unreduce (broadcast a reduction's gradient back),
+# cumsum, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. Ops absent from the table
+# (comparisons, argmax, factories, nonzero, ...) have no gradient.
+
+_LN2 = math.log(2.0)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _pow_grads(F, g, ins, out, p):
+    a, b = ins
+    ga = g * b * F.pow(a, b - 1) if not F.is_tensor(b) else F.sum_to(g * b * F.pow(a, b - 1), a.shape)
+    gb = F.sum_to(g * out * F.log(F.where(a > 0, a, 1.0)) * (a > 0), b.shape) if F.is_tensor(b) else None
+    return (F.sum_to(ga, a.shape) if F.is_tensor(a) else None), gb
+
+
+def _max_min_grads(F, g, ins, out, p, wins):
+    a, b = ins                                  # ties share the gradient (as PyTorch does)
+    half = F.where(a == b, g * 0.5, g)
+    return (F.sum_to(F.where(wins(b, a), 0.0, half), a.shape) if F.is_tensor(a) else None,
+            F.sum_to(F.where(wins(a, b), 0.0, half), b.shape) if F.is_tensor(b) else None)
+
+
+def _prod_grad(F, g, ins, out, p):
+    (x,) = ins
+    zero = x == 0
+    nz = F.unreduce(F.sum(zero, p["dims"], True), x, p["dims"], True)
+    others = F.unreduce(F.prod(F.where(zero, 1.0, x), p["dims"], True), x, p["dims"], True)
+    outx = F.unreduce(out, x, p["dims"], p["keepdim"])
+    grad = F.where(zero, F.where(nz == 1, others, 0.0), outx / F.where(zero, 1.0, x))
+    return (F.unreduce(g, x, p["dims"], p["keepdim"]) * grad,)
+
+
+def _extreme_grad(F, g, ins, out, p):
+    (x,) = ins                                  # ties share the gradient evenly
+    hit = x == F.unreduce(out, x, p["dims"], p["keepdim"])
+    count = F.unreduce(F.sum(hit, p["dims"], True), x, p["dims"], True)
+    return (F.where(hit, F.unreduce(g, x, p["dims"], p["keepdim"]) / count, 0.0),)
+
+
+def _unary_grad(f):
+    return lambda F, g, ins, out, p: (f(F, g, ins[0], out),)
+
+
+def _binary_grad(fa, fb):
+    def grads(F, g, ins, out, p):
+        a, b = ins
+        return (F.sum_to(fa(F, g, a, b, out), a.shape) if F.is_tensor(a) else None,
+                F.sum_to(fb(F, g, a, b, out), b.shape) if F.is_tensor(b) else None)
+    return grads
+
+
+DERIVATIVES = {
+    "neg": _unary_grad(lambda F, g, x, y: -g),
+    "abs": _unary_grad(lambda F, g, x, y: g * F.sign(x)),
+    "exp": _unary_grad(lambda F, g, x, y: g * y),
+    "exp2": _unary_grad(lambda F, g, x, y: g * y * _LN2),
+    "log": _unary_grad(lambda F, g, x, y: g / x),
+    "log2": _unary_grad(lambda F, g, x, y: g / (x * _LN2)),
+    "sqrt": _unary_grad(lambda F, g, x, y: g / (2 * y)),
+    "rsqrt": _unary_grad(lambda F, g, x, y: -0.5 * g * y * y * y),
+    "sin": _unary_grad(lambda F, g, x, y: g * F.cos(x)),
+    "cos": _unary_grad(lambda F, g, x, y: -g * F.sin(x)),
+    "tanh": _unary_grad(lambda F, g, x, y: g * (1 - y * y)),
+    "sigmoid": _unary_grad(lambda F, g, x, y: g * y * (1 - y)),
+    "erf": _unary_grad(lambda F, g, x, y: g * _TWO_OVER_SQRT_PI * F.exp(-(x * x))),
+    "log1p": _unary_grad(lambda F, g, x, y: g / (1 + x)),
+    "expm1": _unary_grad(lambda F, g, x, y: g * (y + 1)),
+    "relu": _unary_grad(lambda F, g, x, y: F.where(y > 0, g, 0.0)),
+    "reciprocal": _unary_grad(lambda F, g, x, y: -g * y * y),
+    "floor": _unary_grad(lambda F, g, x, y: g * 0), "ceil": _unary_grad(lambda F, g, x, y: g * 0),
+    "round": _unary_grad(lambda F, g, x, y: g * 0), "trunc": _unary_grad(lambda F, g, x, y: g * 0),
+    "sign": _unary_grad(lambda F, g, x, y: g * 0),
+    "add": _binary_grad(lambda F, g, a, b, y: g, lambda F, g, a, b, y: g),
+    "sub": _binary_grad(lambda F, g, a, b, y: g, lambda F, g, a, b, y: -g),
+    "mul": _binary_grad(lambda F, g, a, b, y: g * b, lambda F, g, a, b, y: g * a),
+    "div": _binary_grad(lambda F, g, a, b, y: g / b, lambda F, g, a, b, y: -g * a / (b * b)),
+    "remainder": _binary_grad(lambda F, g, a, b, y: g,
+                              lambda F, g, a, b, y: -g * F.floor((a - y) / b)),
+    "pow": _pow_grads,
+    "maximum": lambda F, g, ins, out, p: _max_min_grads(F, g, ins, out, p, lambda a, b: a > b),
+    "minimum": lambda F, g, ins, out, p: _max_min_grads(F, g, ins, out, p, lambda a, b: a < b),
+    "where": lambda F, g, ins, out, p: (None, F.sum_to(F.where(ins[0], g, 0.0), ins[1].shape)
+                                        if F.is_tensor(ins[1]) else None,
+                                        F.sum_to(F.where(ins[0], 0.0, g), ins[2].shape)
+                                        if F.is_tensor(ins[2]) else None),
+    "to_dtype": lambda F, g, ins, out, p: (F.to_dtype(g, ins[0].dtype),),
+    "clone": lambda F, g, ins, out, p: (g,),
+    "permute": lambda F, g, ins, out, p: (F.permute(g, [p["dims"].index(i) for i in range(len(p["dims"]))]),),
+    "expand": lambda F, g, ins, out, p: (F.sum_to(g, ins[0].shape),),
+    "reshape": lambda F, g, ins, out, p: (F.reshape(g, ins[0].shape),),
+    "slice": lambda F, g, ins, out, p: (F.slice_grad(g, ins[0], p),),
+    "select": lambda F, g, ins, out, p: (F.select_grad(g, ins[0], p),),
+    "sum": lambda F, g, ins, out, p: (F.unreduce(g, ins[0], p["dims"], p["keepdim"]),),
+    "prod": _prod_grad,
+    "amax": _extreme_grad,
+    "amin": _extreme_grad,
+    "cumsum": lambda F, g, ins, out, p: (F.sum(g, (p["dim"],), True) - F.cumsum(g, p["dim"]) + g
+                                         if ins[0].ndim else g,),
+    "matmul": lambda F, g, ins, out, p: F.matmul_grads(g, ins[0], ins[1]),
+    # cat's one input is a list of tensors: one gradient per tensor of the list
+    "cat": lambda F, g, ins, out, p: F.cat_grads(g, ins[0], p["dim"]),
+}
+
 # the ops handler's name -> OpDef (for printers: `ops.truediv` is div)
 BY_HANDLER = {d.ops_name: d for d in OPS.values()}
 

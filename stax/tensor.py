@@ -30,6 +30,7 @@ Where to look:
   - views, pointwise ops, reductions, matmul, cat/stack, Tensor methods: tensor_ops.py
 """
 import builtins as _b
+import functools
 import math
 import operator
 import os
@@ -108,6 +109,7 @@ class Storage:
     """Flat 1-D buffer of the storage dtype. A CUDA storage only has to provide the same fields."""
     data: np.ndarray
     device: str = "cpu"
+    version: int = 0        # bumped by every in-place write (autograd checks what it saved)
 
 
 def _contig(shape):
@@ -146,6 +148,7 @@ class Tensor:
     def _make(cls, storage, meta, base=None, view_ops=(), node=None):
         t = object.__new__(cls)
         t._storage, t._meta, t._base, t._view_ops, t._node = storage, meta, base, list(view_ops), node
+        t.requires_grad, t.grad, t._grad_fn = False, None, None     # §5 autograd (autograd.py)
         return t
 
     @classmethod
@@ -415,7 +418,14 @@ def _dispatch(op, inputs, params, metas):
         x = inputs[0]
         outs[0]._base = x if x._base is None else x._base
         outs[0]._view_ops = x._view_ops + [(op, params)]
+    if _AUTOGRAD is not None:
+        _AUTOGRAD.record(op, inputs, params, outs)
     return outs
+
+
+# autograd.py's hooks (record, before_write, after_write), set when it is imported: the tensor
+# sits below autograd in the stack, so autograd plugs itself into the two choke points
+_AUTOGRAD = None
 
 
 def _run_eager(op, inputs, params, metas):
@@ -588,15 +598,41 @@ def randn(*size, dtype=None, device=None):
     return _factory("randn", {"shape": size, "dtype": dtype}, size, dtype, device)
 
 
+def _grad_leaf(factory):
+    """`factory(..., requires_grad=True)`: the new tensor is a leaf that autograd tracks (§5)."""
+    @functools.wraps(factory)
+    def make(*args, requires_grad=False, **kwargs):
+        t = factory(*args, **kwargs)
+        if requires_grad:
+            if not t.dtype.is_floating_point:
+                raise RuntimeError("Only Tensors of floating point and complex dtype can require gradients")
+            t.requires_grad = True
+        return t
+    return make
+
+
+tensor, full, zeros, ones, empty, arange, rand, randn = (
+    _grad_leaf(f) for f in (tensor, full, zeros, ones, empty, arange, rand, randn))
+
+
 # ---- Writes: where in-place ops and __setitem__ (tensor_ops.py) end ----
 
 
 def _write(target, value):
     """Store `value` (already target's shape and dtype) into target's storage, through its view."""
     tracer = _TLS.tracer
+    if _AUTOGRAD is not None:
+        _AUTOGRAD.before_write(target, value)
     if tracer is not None and (_is_proxy(target) or _is_proxy(value)):
         tracer.mutate(target, value)
         return
+    _write_data(target, value)
+    target._storage.version += 1
+    if _AUTOGRAD is not None:
+        _AUTOGRAD.after_write(target, value)
+
+
+def _write_data(target, value):
     if _b.any(st == 0 and s > 1 for s, st in zip(target.shape, target._meta.stride)):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor "
                            "refers to a single memory location. Please clone() the tensor before "
