@@ -629,7 +629,7 @@ class CompiledFunction:
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.constants[key] = consts
-        flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
+        flat = builtins.all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
                                                              str, type(None))) for a in args)
         self.last_generated = gen
         self.stats["compiles"] += 1
