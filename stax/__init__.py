@@ -41,6 +41,7 @@ from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tenso
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
+from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -667,3 +668,24 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
     return CompiledFunction(fn, fullgraph, mode, options, dynamic)
+
+
+# ---- Discovery: dir(stax) lists the public API; a missing op names what works ----
+
+_PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
+                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT"]
+# (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
+__all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)
+                  set(_tensor_ops_mod.__all__) | set(_shape_ops_mod.__all__) | set(_math_ops_mod.__all__) |
+                  set(_ALIASES) | set(_PUBLIC_EXTRAS)) - {"bool", "int", "float"})
+
+
+def __dir__():
+    return sorted(__all__ + ["bool", "int", "float"])
+
+
+def __getattr__(name):
+    if name == "nn":        # stax.nn (PyTorch's spelling torch.nn.functional), imported on first use
+        import importlib
+        return importlib.import_module(".nn", __name__)
+    raise _math_ops_mod.missing_op("module 'stax'", name)

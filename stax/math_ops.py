@@ -22,6 +22,7 @@ Where to look:
   - factories:               *_like with dtype=/device=, randint, linspace, logspace, new_*, type_as
   - autograd stand-ins:      no_grad, enable_grad, inference_mode, detach
   - aliases and in-place:    axis=/keepdims= on reductions; x.sqrt_(), x.lerp_(...), ...
+  - ops Stax lacks ........... SPELLINGS, missing_op (the AttributeError that names what works)
 """
 import builtins as _b
 import functools
@@ -69,17 +70,20 @@ def fmod(a, b):
     if dt.is_floating_point:
         return _fmod(a, b)
     r = remainder(a, b)
-    a_neg = _t.lt(a, 0) if isinstance(a, Tensor) else tensor(a < 0)
-    fix = logical_and(ne(r, 0), ne(a_neg, _t.lt(b, 0) if isinstance(b, Tensor) else tensor(b < 0)))
-    return where(fix, sub(r, b), r)
+    a_neg = _t.lt(a, 0) if isinstance(a, Tensor) else a < 0
+    b_neg = _t.lt(b, 0) if isinstance(b, Tensor) else b < 0
+    signs_differ = _t.logical_xor(a_neg, b_neg) if isinstance(a_neg, Tensor) else _t.logical_xor(b_neg, a_neg)
+    return where(logical_and(ne(r, 0), signs_differ), sub(r, b), r)
 
 
 def lerp(start, end, weight):
     """ATen's two-sided form: exact at both ends (weight 0 gives start, weight 1 gives end)."""
     start, half = _upcast(start)
     diff = sub(end, start)
-    low = _t.lt(_t.abs(weight), 0.5) if isinstance(weight, Tensor) else tensor(_b.abs(weight) < 0.5)
-    y = where(low, add(start, mul(weight, diff)), sub(end, mul(diff, sub(1, weight))))
+    if not isinstance(weight, Tensor):      # a scalar weight picks its side here
+        y = add(start, mul(diff, weight)) if _b.abs(weight) < 0.5 else sub(end, mul(diff, 1 - weight))
+        return _downcast(y, half)
+    y = where(_t.lt(_t.abs(weight), 0.5), add(start, mul(weight, diff)), sub(end, mul(diff, sub(1, weight))))
     return _downcast(y, half)
 
 
@@ -358,6 +362,8 @@ def randn_like(x, *, dtype=None, device=None, **_):
 
 
 def randint(low, high=None, size=None, *, dtype=None, device=None):
+    if size is None and isinstance(high, (tuple, list)):     # randint(high, size)
+        low, high, size = 0, low, high
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
     if high is None:
@@ -487,7 +493,7 @@ def _aliased(f):
 sum, mean, amax, amin, prod, var, std, logsumexp, argmax, argmin, max, min = (
     _aliased(f) for f in (_t.sum, _t.mean, _t.amax, _t.amin, _t.prod, _t.var, _t.std, _t.logsumexp,
                           _t.argmax, _t.argmin, _t.max, _t.min))
-any, all = _aliased(any), _aliased(all)
+any, all, var_mean, std_mean = _aliased(any), _aliased(all), _aliased(var_mean), _aliased(std_mean)
 
 
 # ---- Tensor methods and in-place forms ----
@@ -519,3 +525,46 @@ _IN_PLACE = dict(_POINTWISE_FUNCTIONS, atan2=atan2, fmod=fmod, lerp=lerp, addcmu
 for _name, _f in _IN_PLACE.items():
     if not hasattr(Tensor, _name + "_"):
         setattr(Tensor, _name + "_", _inplace_method(_name + "_", _f))
+
+
+# ---- Ops Stax lacks: an AttributeError that names the spelling that works (issue 11 item 4) ----
+
+SPELLINGS = {
+    "hardtanh": "stax.clamp(x, min, max) (or stax.nn.functional.hardtanh)",
+    "resize_": "x.reshape(...) (Stax tensors never resize their storage)",
+    "as_strided": "permute, slice, reshape or expand views",
+    "nan_to_num": "stax.where(stax.isnan(x), 0.0, x)",
+    "logaddexp": "stax.logsumexp(stax.stack([a, b]), 0)",
+    "hypot": "stax.sqrt(a * a + b * b)",
+    "kthvalue": "stax.sort(x, dim).values.select(dim, k - 1)",
+    "median": "stax.sort(x, dim).values.select(dim, (n - 1) // 2)",
+    "bernoulli": "(stax.rand_like(p) < p)",
+    "addmm": "beta * x + alpha * stax.matmul(a, b)",
+    "baddbmm": "beta * x + alpha * stax.matmul(a, b)",
+    "cummax": "a loop of stax.maximum over slices, or stax.amax for the last value",
+    "masked_select": "stax.where(mask, x, 0) keeps the shape (x[mask] has a data-dependent size)",
+    "int8": "stax.int32 (Stax's integer dtypes are int32 and int64)",
+    "uint8": "stax.int32 (Stax's integer dtypes are int32 and int64)",
+    "int16": "stax.int32 (Stax's integer dtypes are int32 and int64)",
+    "complex64": "pairs of real tensors (Stax has no complex dtypes)",
+    "conv2d": "stax.nn.functional.conv2d (not built yet: it raises a clear error)",
+    "backward": "nothing yet: Stax has no autograd (write the backward pass by hand)",
+}
+
+
+def missing_op(owner: str, name: str) -> AttributeError:
+    """The error for an op Stax lacks: its name and, where one exists, the spelling that works."""
+    hint = SPELLINGS.get(name)
+    msg = f"{owner} has no attribute '{name}'"
+    if hint:
+        msg += f"; Stax spells it {hint}"
+    if not name.startswith("__"):
+        msg += ". docs/OPS.md lists every op Stax has"
+    return AttributeError(msg)
+
+
+def _tensor_getattr(self, name):
+    raise missing_op("'Tensor' object", name)
+
+
+Tensor.__getattr__ = _tensor_getattr

@@ -268,8 +268,7 @@ def meshgrid(*tensors, indexing="ij"):
     shape = tuple(t.shape[0] for t in ts)
     out = [expand(view(t, tuple(-1 if k == i else 1 for k in range(len(ts)))), shape)
            for i, t in enumerate(ts)]
-    if swap:
-        out = [swapaxes(o, 0, 1) for o in out]
+    if swap:                # "xy": the grid of the first two swapped, handed back in input order
         out[0], out[1] = out[1], out[0]
     return tuple(out)
 
