@@ -87,12 +87,17 @@ def lerp(start, end, weight):
     return _downcast(y, half)
 
 
+def _scaled(t, value):
+    """t * value, skipped for the Python scalar 1 (a tensor value is always applied)."""
+    return t if not isinstance(value, Tensor) and value == 1 else mul(t, value)
+
+
 def addcmul(x, tensor1, tensor2, *, value=1):
-    return add(x, mul(mul(tensor1, tensor2), value) if value != 1 else mul(tensor1, tensor2))
+    return add(x, _scaled(mul(tensor1, tensor2), value))
 
 
 def addcdiv(x, tensor1, tensor2, *, value=1):
-    return add(x, mul(div(tensor1, tensor2), value) if value != 1 else div(tensor1, tensor2))
+    return add(x, _scaled(div(tensor1, tensor2), value))
 
 
 def clamp_min(x, min):
