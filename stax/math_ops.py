@@ -27,7 +27,6 @@ Where to look:
 import builtins as _b
 import functools
 import math
-import operator
 import types
 from collections import namedtuple
 
@@ -35,7 +34,7 @@ from . import tensor_ops as _t
 from .dtypes import _HALF, bool_, float32, float64, int64
 from .tensor import (Tensor, _meta, _op, _scalar, _wrap_dim, arange, empty, full, rand, randn,
                      result_type, tensor)
-from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _norm_dims, _upcast,
+from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _upcast,
                          abs, add, amax, amin, div, expand, isinf, isnan, logical_and, logical_or,
                          matmul, maximum, minimum, mul, ne, permute, remainder, reshape, sqrt, sub,
                          sum, to_dtype, unsqueeze, where)
@@ -130,11 +129,11 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
                                                                  atol + rtol * abs(to_dtype(b, float32)))
     x, y = (to_dtype(a, float32), to_dtype(b, float32)) if a.dtype in _HALF else (a, b)
     close = logical_or(_t.eq(x, y), _t.le(abs(sub(x, y)), add(mul(abs(y), rtol), atol)))
-    close = logical_and(close, logical_not_inf_mismatch(x, y))
+    close = logical_and(close, _inf_compatible(x, y))
     return logical_or(close, logical_and(isnan(x), isnan(y))) if equal_nan else close
 
 
-def logical_not_inf_mismatch(x, y):
+def _inf_compatible(x, y):
     """Infinities are close only to themselves (|inf - 1| <= inf must not count)."""
     return _t.logical_not(logical_or(_t.logical_xor(isinf(x), isinf(y)),
                                      logical_and(isinf(x), ne(x, y))))

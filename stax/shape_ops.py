@@ -17,10 +17,10 @@ import builtins as _b
 import math
 import operator
 
-from .dtypes import bool_, float32, int64
-from .tensor import SymbolicInt, Tensor, _meta, _numel, _op, _shape_args, _wrap_dim, arange, tensor
-from .tensor_ops import (_slice, cat, expand, full, permute, reshape, select, squeeze, to_dtype,
-                         unsqueeze, view, where)
+from .dtypes import bool_, float32
+from .tensor import Tensor, _meta, _numel, _op, _shape_args, _wrap_dim, arange
+from .tensor_ops import (_slice, cat, expand, full, permute, reshape, select, to_dtype, unsqueeze, view,
+                         where)
 
 __all__ = """chunk split tensor_split unbind unflatten repeat repeat_interleave tile flip fliplr flipud
     roll movedim moveaxis swapaxes swapdims diagonal tril triu eye meshgrid""".split()

@@ -33,8 +33,14 @@ from ..math_ops import abs, clamp_min, masked_fill, norm, philox_rand, zeros_lik
 from ..tensor import Tensor, arange, full
 from ..tensor_ops import (_downcast, _upcast, add, amax, cat, div, exp, expand, expm1, gelu, log, log1p,
                           matmul, maximum, mean, mul, reshape, rsqrt, sigmoid, softmax as _softmax,
-                          log_softmax as _log_softmax, layer_norm, sqrt, sub, sum, tanh, to_dtype, unsqueeze,
+                          log_softmax as _log_softmax, layer_norm, sub, sum, tanh, to_dtype, unsqueeze,
                           view, where)
+
+__all__ = """relu relu6 hardtanh leaky_relu elu selu celu gelu silu sigmoid tanh softplus logsigmoid
+    hardsigmoid hardswish mish softsign tanhshrink glu softmax log_softmax softmin layer_norm rms_norm
+    group_norm batch_norm normalize linear scaled_dot_product_attention pad max_pool2d avg_pool2d
+    mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy_with_logits binary_cross_entropy
+    nll_loss cross_entropy dropout one_hot conv2d""".split()
 
 _EPS = {float32: 1.1920928955078125e-07, float64: 2.220446049250313e-16, float16: 0.0009765625,
         bfloat16: 0.0078125}
