@@ -31,7 +31,7 @@ import types
 from collections import namedtuple
 
 from . import tensor_ops as _t
-from .dtypes import _HALF, bool_, float32, float64, int64
+from .dtypes import _HALF, bool_, float32, float64, int8, int16, int64, uint8
 from .tensor import (Tensor, _meta, _op, _scalar, _wrap_dim, arange, empty, full, rand, randn,
                      result_type, tensor)
 from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _upcast,
@@ -509,6 +509,8 @@ for _f in (sum, mean, amax, amin, prod, var, std, logsumexp, argmax, argmin, max
     setattr(Tensor, _f.__name__, _f)
 Tensor.new_zeros, Tensor.new_ones, Tensor.new_empty = _new(0), _new(1), _new(None)
 Tensor.new_full, Tensor.new_tensor = _new_full, _new_tensor
+Tensor.byte, Tensor.char, Tensor.short = (lambda self: to_dtype(self, uint8)), \
+    (lambda self: to_dtype(self, int8)), (lambda self: to_dtype(self, int16))
 Tensor.requires_grad = False
 Tensor.grad = None
 
@@ -547,9 +549,8 @@ SPELLINGS = {
     "baddbmm": "beta * x + alpha * stax.matmul(a, b)",
     "cummax": "a loop of stax.maximum over slices, or stax.amax for the last value",
     "masked_select": "stax.where(mask, x, 0) keeps the shape (x[mask] has a data-dependent size)",
-    "int8": "stax.int32 (Stax's integer dtypes are int32 and int64)",
-    "uint8": "stax.int32 (Stax's integer dtypes are int32 and int64)",
-    "int16": "stax.int32 (Stax's integer dtypes are int32 and int64)",
+    "uint16": "stax.int32 (Stax's integer dtypes are int8, uint8, int16, int32 and int64)",
+    "uint32": "stax.int64 (Stax's integer dtypes are int8, uint8, int16, int32 and int64)",
     "complex64": "pairs of real tensors (Stax has no complex dtypes)",
     "conv2d": "stax.nn.functional.conv2d (not built yet: it raises a clear error)",
     "backward": "nothing yet: Stax has no autograd (write the backward pass by hand)",

@@ -253,6 +253,33 @@ def test_factories_and_methods(rng):
     assert stax.allclose(x, x + 1e-7) and not stax.allclose(x, x + 1)
 
 
+# ---- int8, uint8, int16 ----
+
+
+def _small_int_fn(a, b):
+    return (a + a, b + b, a + b, (a + a) > 0, a.sum(), b.amax(), b.amin(), a.amax(), (a * a) // 3,
+            a.float() / 2, b - 1, -a, b.short() * 300, stax.where(b > 100, b, a.byte()))
+
+
+def test_small_int_dtypes_wrap_as_eager(rng):
+    """int8/uint8 arithmetic wraps in the dtype (C++ computes in int: every result is cast back);
+    uint8 with int8 promotes to int16; max/min identities respect the unsigned range."""
+    A = rng.integers(-128, 128, 37).astype(np.int8)
+    B = rng.integers(0, 256, 37).astype(np.uint8)
+    A[:3], B[:3] = [-128, 127, 100], [255, 0, 200]
+    a, b = stax.tensor(A), stax.tensor(B)
+    assert (a.dtype, b.dtype, (a + b).dtype, (a + 1).dtype) == (stax.int8, stax.uint8, stax.int16, stax.int8)
+    with np.errstate(over="ignore"):
+        refs = (A + A, B + B, A.astype(np.int16) + B, (A + A) > 0, A.astype(np.int64).sum(), B.max(), B.min(),
+                A.max(), (A * A) // 3, A / 2, B - np.uint8(1), -A, B.astype(np.int16) * 300,
+                np.where(B > 100, B, A.astype(np.uint8)))
+    check(_small_int_fn, [a, b], refs, compiled=True)
+    out = stax.compile(_small_int_fn)(a.to("cuda"), b.to("cuda"))     # the Triton back end
+    for k, (o, r) in enumerate(zip(out, refs)):
+        assert_close(o.cpu(), r, o.dtype, msg=f"triton output {k}")
+    assert stax.tensor(np.array([1, 2], np.uint8)).dtype is stax.uint8
+
+
 # ---- the Triton back end ----
 
 
