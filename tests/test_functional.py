@@ -257,6 +257,20 @@ def test_cross_entropy_spatial_probs_and_half(rng):
           [x, t, y, p], (_ce_ref(X, T), -(P * logp).sum(1)), stax.float16)
 
 
+def test_cross_entropy_non_contiguous_and_bfloat16(rng):
+    X = rng.standard_normal((13, 6)) * 2
+    T = rng.integers(0, 13, 6)
+    x = stax.tensor(X, dtype=stax.float32).T                  # (6, 13) logits, class dim strided
+    xb = stax.tensor(X.T, dtype=stax.bfloat16)
+    t = stax.tensor(T)
+    ref32, ref16 = _ce_ref(f64(x), T, red="none"), _ce_ref(f64(xb.float()), T, red="none")
+    eager, compiled = both(lambda x, xb, t: (F.cross_entropy(x, t, reduction="none"),
+                                             F.cross_entropy(xb, t, reduction="none").float()), x, xb, t)
+    for e, c, r, dt in zip(eager, compiled, (ref32, ref16), (stax.float32, stax.bfloat16)):
+        assert_close(e, r, dt)
+        assert_close(c, r, dt)
+
+
 def test_cross_entropy_is_one_row_kernel_without_an_nc_temporary():
     x, t = stax.randn(64, 1000), stax.randint(0, 1000, (64,))
     gen = stax.generate(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, t)
@@ -339,6 +353,25 @@ def test_conv2d_is_a_clear_error():
 
 
 # ---- the Triton back end ----
+
+
+def test_norms_and_pools_on_triton(rng):
+    X = rng.standard_normal((2, 3, 7, 5))
+    x = stax.tensor(X, dtype=stax.float32)
+    X = f64(x)
+    rm0, rv0 = np.zeros(3), np.ones(3)
+    rm, rv = stax.tensor(rm0, dtype=stax.float32).to("cuda"), stax.tensor(rv0, dtype=stax.float32).to("cuda")
+
+    def fn(x, rm, rv):
+        return F.batch_norm(x, rm, rv, training=True), F.max_pool2d(x, 3, 2, 1), F.avg_pool2d(x, 2, ceil_mode=True)
+    out = stax.compile(fn)(x.to("cuda"), rm, rv)
+    mu, var = X.mean((0, 2, 3)), X.var((0, 2, 3))
+    refs = ((X - mu[None, :, None, None]) / np.sqrt(var[None, :, None, None] + 1e-5),
+            _pool_ref(X, 3, 2, 1, False, "max"), _pool_ref(X, 2, 2, 0, True, "avg"))
+    for o, r in zip(out, refs):
+        assert_close(o.cpu(), r, stax.float32)
+    assert_close(rm.cpu(), 0.1 * mu, stax.float32)
+    assert_close(rv.cpu(), 0.9 + 0.1 * X.var((0, 2, 3), ddof=1), stax.float32)
 
 
 def test_functional_on_triton(rng):
