@@ -339,6 +339,16 @@ def test_dropout_philox_stream():
         F.dropout(x, 1.5)
 
 
+def test_dropout_on_triton():
+    """The Philox draw is a fallback on the device too (its dtype parameter reaches the wrapper)."""
+    x = stax.randn(40, 30)
+    stax.manual_seed(3)
+    a = F.dropout(x, 0.25)
+    stax.manual_seed(3)
+    b = stax.compile(lambda x: F.dropout(x, 0.25) * 2)(x.to("cuda"))
+    assert b.device == "cuda" and np.array_equal(f64(a) * 2, f64(b.cpu()))
+
+
 def test_philox_known_answer():
     """Philox4x32-10 of counter 0, key 0 (Random123's known-answer vector 0x6627e8d5)."""
     from stax.op_table import philox_uniform
