@@ -40,7 +40,7 @@ from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _upcast,
                          sum, to_dtype, unsqueeze, where)
 from .shape_ops import tril, triu
 
-__all__ = """square atan2 arctan2 fmod lerp addcmul addcdiv clamp_min clamp_max masked_fill isclose
+__all__ = """square atan2 arctan2 fmod round lerp addcmul addcdiv clamp_min clamp_max masked_fill isclose
     allclose where any all norm var_mean std_mean count_nonzero outer ger einsum sort argsort topk msort
     cumprod logcumsumexp zeros_like ones_like full_like empty_like rand_like randn_like randint
     linspace logspace type_as detach no_grad enable_grad inference_mode set_grad_enabled
@@ -97,6 +97,16 @@ def addcmul(x, tensor1, tensor2, *, value=1):
 
 def addcdiv(x, tensor1, tensor2, *, value=1):
     return add(x, _scaled(div(tensor1, tensor2), value))
+
+
+def round(x, *, decimals=0):
+    """Round half to even; with `decimals`, at that decimal place (ATen: scale, round, unscale)."""
+    if decimals == 0:
+        return _t.round(x)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("round_decimals: not implemented for integer inputs")
+    scale = 10.0 ** _b.abs(decimals)
+    return div(_t.round(mul(x, scale)), scale) if decimals > 0 else mul(_t.round(div(x, scale)), scale)
 
 
 def clamp_min(x, min):
@@ -503,7 +513,7 @@ any, all, var_mean, std_mean = _aliased(any), _aliased(all), _aliased(var_mean),
 # ---- Tensor methods and in-place forms ----
 
 for _f in (sum, mean, amax, amin, prod, var, std, logsumexp, argmax, argmin, max, min, any, all, square,
-           atan2, arctan2, fmod, lerp, addcmul, addcdiv, clamp_min, clamp_max, masked_fill, isclose,
+           atan2, arctan2, fmod, round, lerp, addcmul, addcdiv, clamp_min, clamp_max, masked_fill, isclose,
            allclose, norm, var_mean, std_mean, count_nonzero, outer, ger, sort, argsort, topk, msort,
            cumprod, logcumsumexp, type_as, detach):
     setattr(Tensor, _f.__name__, _f)

@@ -107,11 +107,12 @@ def test_pointwise_composites(rng):
         return (stax.square(a), stax.atan2(a, b), stax.fmod(a, b), stax.lerp(a, b, w), stax.lerp(a, b, 0.75),
                 stax.addcmul(a, b, w, value=0.5), stax.addcdiv(a, b, w), stax.clamp_min(a, -1.0),
                 stax.clamp_max(a, b), a.masked_fill(a > 1, -2.0), stax.isclose(a, a + 1e-6),
-                stax.isclose(a, b, atol=1.0, equal_nan=True))
+                stax.isclose(a, b, atol=1.0, equal_nan=True), stax.round(a, decimals=2), a.round(decimals=-1))
     with np.errstate(all="ignore"):
         refs = (A * A, np.arctan2(A, B), np.fmod(A, B), np.where(W < 0.5, A + W * (B - A), B - (B - A) * (1 - W)),
                 B - (B - A) * 0.25, A + 0.5 * B * W, A + B / W, np.maximum(A, -1), np.minimum(A, B),
-                np.where(M, -2.0, A), np.isclose(A, A + 1e-6, 1e-5, 1e-8), np.isclose(A, B, 1e-5, 1.0, equal_nan=True))
+                np.where(M, -2.0, A), np.isclose(A, A + 1e-6, 1e-5, 1e-8), np.isclose(A, B, 1e-5, 1.0, equal_nan=True),
+                np.round(A * 100) / 100, np.round(A / 10) * 10)
     check(fn, [a, b, w], refs)
 
 
