@@ -71,6 +71,17 @@ def workloads():
             return [rng.standard_normal(s, dtype=np.float32) for s in shapes]
         return make
 
+    def logits_and_targets(n, c):
+        def make():
+            rng = np.random.default_rng(0)
+            return [rng.standard_normal((n, c), dtype=np.float32), rng.integers(0, c, n)]
+        return make
+
+    def np_cross_entropy(x, t):
+        m = x.max(-1, keepdims=True)
+        lse = np.log(np.exp(x - m).sum(-1)) + m[:, 0]
+        return (lse - x[np.arange(len(t)), t]).mean()
+
     def stax_gelu(h, S):
         return GELU_G * (0.5 * (1 + S.erf(h * INV_SQRT2)) + h * S.exp(-0.5 * h * h) * INV_SQRT_2PI)
 
@@ -147,6 +158,11 @@ def workloads():
             shape="256x1024x64, amax(1)", inputs=rand((256, 1024, 64)), out=256 * 64 * 4,
             stax=lambda S: (lambda x: x.amax(1)), numpy=lambda x: x.max(1),
             torch=lambda T: (lambda x: x.amax(1))),
+        # F.cross_entropy (issue 11): one fused row kernel (max, sum of exp, the target's logit)
+        "xent": dict(
+            shape="logits 4096x8192, int64 targets", inputs=logits_and_targets(4096, 8192), out=4,
+            stax=lambda S: (lambda x, t: S.nn.functional.cross_entropy(x, t)), numpy=np_cross_entropy,
+            torch=lambda T: (lambda x, t: T.nn.functional.cross_entropy(x, t))),
         "biasgrad": dict(
             shape="g 64x128x1024, g.reshape(-1, 1024).sum(0)", inputs=rand((64, 128, 1024)), out=1024 * 4,
             stax=lambda S: (lambda g: g.reshape(-1, 1024).sum(0)), numpy=lambda g: g.reshape(-1, 1024).sum(0),

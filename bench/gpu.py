@@ -52,6 +52,8 @@ WORKLOADS = {
     "bnstats": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), [(32, 256, 56, 56)]),
     "amax_mid": (lambda x: x.amax(1), [(256, 1024, 64)]),
     "biasgrad": (lambda g: g.reshape(-1, 1024).sum(0), [(32, 512, 1024)]),
+    # F.cross_entropy (issue 11): one row kernel (max, sum of exp, the target's logit), then the mean
+    "xent": (lambda x, t: stax.nn.functional.cross_entropy(x, t), [(8192, 32768), ("int", 32768, (8192,))]),
 }
 GROUPS = {"reductions": ["colsum:large", "colsum:small", "mean01", "var0", "bnstats", "amax_mid", "biasgrad"]}
 # matmuls: the plain tl.dot template (§9.8, correct first); TFLOP/s, not a fraction of a floor
@@ -59,6 +61,13 @@ MATMULS = {
     "mm_bf16": (lambda a, b, c: stax.relu(a @ b + c), 8192, "bfloat16"),
     "mm_fp32": (lambda a, b, c: stax.relu(a @ b + c), 4096, "float32"),
 }
+
+
+def make_input(spec, lib=stax, device="cuda"):
+    """A shape: standard normal float32. ("int", high, shape): int64 in [0, high)."""
+    if spec and spec[0] == "int":
+        return lib.randint(0, spec[1], spec[2], device=device)
+    return lib.randn(*spec, device=device)
 
 
 def copy_bandwidth() -> float:
@@ -128,8 +137,9 @@ def torch_time(name, shapes):
         "bnstats": lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))),
         "amax_mid": lambda x: x.amax(1),
         "biasgrad": lambda g: g.reshape(-1, 1024).sum(0),
+        "xent": lambda x, t: torch.nn.functional.cross_entropy(x, t),
     }
-    args = [torch.randn(*s, device="cuda") for s in shapes]
+    args = [make_input(s, torch) for s in shapes]
     f = torch.compile(fns[name])
     t0 = time.perf_counter()
     f(*args)
@@ -270,7 +280,7 @@ def main(argv):
              "max-autotune": dict(mode="max-autotune")} if "--modes" in argv else {"autotuned": {}}
     for name in names:
         fn, shapes = WORKLOADS[name]
-        args = [stax.randn(*s, device="cuda") for s in shapes]
+        args = [make_input(s) for s in shapes]
         by_mode = {}
         for mode, kw in modes.items():
             f = stax.compile(fn, **kw)
@@ -285,7 +295,7 @@ def main(argv):
                              "configs": [k.config for k in kernels]}
             print(name, mode, json.dumps(by_mode[mode]), flush=True)
         outs = out if isinstance(out, (tuple, list)) else [out]
-        nbytes = sum(a.numel() * 4 for a in args) + sum(o.numel() * 4 for o in outs)
+        nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
         floor = nbytes / bw * 1e3
         ms = by_mode["autotuned"]["ms"]
         kernels = list(f.last_generated.kernels)

@@ -38,9 +38,13 @@ from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
+from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
+from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
 from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
-from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402,F401
+from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402,F401
+                       set_grad_enabled)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
+from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -643,7 +647,7 @@ class CompiledFunction:
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.constants[key] = consts
-        flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
+        flat = builtins.all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
                                                              str, type(None))) for a in args)
         self.last_generated = gen
         self.stats["compiles"] += 1
@@ -720,3 +724,26 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
     return CompiledFunction(fn, fullgraph, mode, options, dynamic)
+
+
+# ---- Discovery: dir(stax) lists the public API; a missing op names what works ----
+
+_PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
+                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT",
+                  "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+                  "inference_mode"]
+# (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
+__all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)
+                  set(_tensor_ops_mod.__all__) | set(_shape_ops_mod.__all__) | set(_math_ops_mod.__all__) |
+                  set(_ALIASES) | set(_PUBLIC_EXTRAS)) - {"bool", "int", "float"})
+
+
+def __dir__():
+    return sorted(__all__ + ["bool", "int", "float"])
+
+
+def __getattr__(name):
+    if name == "nn":        # stax.nn (PyTorch's spelling torch.nn.functional), imported on first use
+        import importlib
+        return importlib.import_module(".nn", __name__)
+    raise _math_ops_mod.missing_op("module 'stax'", name)

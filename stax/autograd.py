@@ -30,9 +30,11 @@ from types import SimpleNamespace
 
 from . import tensor_ops as T
 from .op_table import DERIVATIVES
+from .shape_ops import flip as _flip
 from .tensor import Tensor, ones_like, zeros_like
 
-__all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "GradNode"]
+__all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
+           "GradNode"]
 
 # ---- Grad mode ----
 
@@ -81,6 +83,14 @@ class enable_grad(_GradModeContext):
     mode = True
 
 
+class inference_mode(_GradModeContext):
+    """`with stax.inference_mode():` records no history (no_grad; Stax has no separate
+    inference tensors)."""
+
+    def __init__(self, mode: bool = True):
+        self.mode = not mode
+
+
 class set_grad_enabled(_GradModeContext):
     """`stax.set_grad_enabled(False)` turns recording off now (as in PyTorch), and back to the
     previous mode at the end of a `with` block."""
@@ -110,7 +120,7 @@ class GradNode:
 
     def __init__(self, op, inputs, params, out):
         self.op, self.params, self.out_shape = op, params, out.shape
-        saves = _SAVES[op]
+        saves = _SAVES.get(op, "")
         self.inputs = inputs                    # values (tensors and scalars) the formula reads
         self.out = out if "out" in saves else None
         self.versions = [(t, t._storage.version) for t in self._saved() if t._storage is not None] \
@@ -126,7 +136,7 @@ class GradNode:
         return f"<{self.name()}>"
 
     def _saved(self):
-        saves = _SAVES[self.op]
+        saves = _SAVES.get(self.op, "")
         ins = [t for t in _flat(self.inputs) if isinstance(t, Tensor)] if "in" in saves else []
         return ins + ([self.out] if self.out is not None else [])
 
@@ -146,10 +156,12 @@ def _flat(inputs):
 
 def record(op, inputs, params, outs):
     """The forward hook (tensor._dispatch): give `outs` a Node when an input requires grad."""
-    if not _mode.enabled or op not in DERIVATIVES:
+    if not _mode.enabled:
         return
     if not any(isinstance(t, Tensor) and t.requires_grad for t in _flat(inputs)):
         return
+    if op not in DERIVATIVES and not any(o.dtype.is_floating_point for o in outs):
+        return                                  # integer/bool results carry no gradient
     node = GradNode(op, inputs, params, outs[0])
     for o in outs:
         if o.dtype.is_floating_point:
@@ -249,7 +261,13 @@ def _run_backward(roots, grads, retain_graph, create_graph, wanted=None):
             if wanted and node in wanted:
                 _accumulate(found, wanted[node], g)
             node.check_versions()
-            outs = DERIVATIVES[node.op](F, g, node.inputs, node.out, node.params)
+            formula = DERIVATIVES.get(node.op)
+            if formula is None:
+                raise NotImplementedError(
+                    f"stax autograd: the derivative of {node.op} is not implemented, and a gradient "
+                    "reached it. Compute that part under stax.no_grad() or on .detach()ed inputs, or "
+                    "add its formula to op_table.DERIVATIVES.")
+            outs = formula(F, g, node.inputs, node.out, node.params)
             for edge, gi in zip(node.edges, outs):
                 if edge is None or gi is None:
                     continue
@@ -377,6 +395,7 @@ def _cat_grads(g, xs, dim):
 
 F = SimpleNamespace(
     where=T.where, exp=T.exp, sin=T.sin, cos=T.cos, log=T.log, sign=T.sign, floor=T.floor, pow=T.pow,
+    trunc=T.trunc, flip=lambda g, dims: _flip(g, *dims),
     sum=T.sum, prod=T.prod, cumsum=T.cumsum, permute=T.permute, reshape=T.reshape, to_dtype=T.to_dtype,
     sum_to=_sum_to, unreduce=_unreduce, slice_grad=_slice_grad, select_grad=_select_grad,
     matmul_grads=_matmul_grads, cat_grads=_cat_grads, is_tensor=lambda x: isinstance(x, Tensor))

@@ -658,7 +658,8 @@ def prelude() -> str:
 # and the runtime's `ptr()` casts (runtime.py) agree through this table, kept here, below both, so
 # that a warm start (runtime only) never imports the code generator (and sympy with it).
 _STORAGE_CTYPE = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t",
-                  "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+                  "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t",
+                  "int64": "int64_t", "bool": "bool"}
 
 
 def storage_ctype(dtype) -> str:

@@ -65,7 +65,9 @@ def split_policy(numel_out, numel_red) -> int:
 # ---- §8 C types, literals and index expressions ----
 
 _CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",
-          "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+          "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+          "bool": "bool"}
+_NARROW = ("int8", "uint8", "int16")   # C++ computes these in int: each result is cast back (wraps)
 
 
 def ctype(dtype) -> str:
@@ -149,6 +151,11 @@ class CppPrinter(Printer):
 
     def assignment(self, name: str, expr: str) -> str:
         return f"auto {name} = {expr};"
+
+    def emit(self, expr: str, dtype):
+        if dtype.name in _NARROW:       # int8 + int8 is an int in C++: wrap to the dtype, as eager does
+            expr = f"static_cast<{_CTYPE[dtype.name]}>({expr})"
+        return super().emit(expr, dtype)
 
     def load(self, name, index):
         local = self.kernel.locals.get(name)

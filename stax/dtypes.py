@@ -5,7 +5,7 @@ Layer: the bottom of the stack (with op_table.py, which imports it); every other
 A `DType` names two numpy dtypes: the *storage* form (what a buffer holds: bfloat16 is stored as
 16-bit words) and the *compute* form (what eager arithmetic runs in: half types compute in float32,
 §6.2). This module consumes nothing of Stax (numpy only) and produces the dtype constants
-(`float32` ... `bool_`, `DTYPES`, PyTorch's aliases in `_ALIASES`), the promotion lattice, and the
+(`float32` ... `int8`, `uint8`, `int16` ... `bool_`, `DTYPES`, PyTorch's aliases in `_ALIASES`), the promotion lattice, and the
 conversions between the two forms. `tensor.py` re-exports its names (`stax.tensor.float32`,
 `stax.tensor.DTYPES`, `stax.tensor.DType`); the one dtype rule that looks at tensors,
 `result_type`, lives there.
@@ -40,16 +40,20 @@ float32 = DType("float32", "Float", 4, "f", np.float32, np.float32)
 float64 = DType("float64", "Double", 8, "f", np.float64, np.float64)
 float16 = DType("float16", "Half", 2, "f", np.float16, np.float32)      # §6.2: computed in float32
 bfloat16 = DType("bfloat16", "BFloat16", 2, "f", np.uint16, np.float32)  # stored as 16-bit words
+int8 = DType("int8", "Char", 1, "i", np.int8, np.int8)
+uint8 = DType("uint8", "Byte", 1, "u", np.uint8, np.uint8)
+int16 = DType("int16", "Short", 2, "i", np.int16, np.int16)
 int32 = DType("int32", "Int", 4, "i", np.int32, np.int32)
 int64 = DType("int64", "Long", 8, "i", np.int64, np.int64)
 bool_ = DType("bool", "Bool", 1, "b", np.bool_, np.bool_)
-DTYPES = {d.name: d for d in (float32, float64, float16, bfloat16, int32, int64, bool_)}
+DTYPES = {d.name: d for d in (float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64, bool_)}
 # PyTorch's aliases. `bool`, `int`, `float` must not shadow builtins, so they are reachable only
 # as attributes: tensor.py's PEP 562 module __getattr__ (stax.tensor.bool) and stax.bool.
-_ALIASES = dict(DTYPES, float=float32, double=float64, half=float16, int=int32, long=int64)
+_ALIASES = dict(DTYPES, float=float32, double=float64, half=float16, int=int32, long=int64, short=int16)
 _FROM_NP = {np.dtype(np.float32): float32, np.dtype(np.float64): float64,
             np.dtype(np.float16): float16, np.dtype(np.int32): int32,
-            np.dtype(np.int64): int64, np.dtype(np.bool_): bool_}
+            np.dtype(np.int64): int64, np.dtype(np.bool_): bool_, np.dtype(np.int8): int8,
+            np.dtype(np.uint8): uint8, np.dtype(np.int16): int16}
 _HALF = (float16, bfloat16)
 
 
@@ -58,9 +62,12 @@ def _dtype_by_name(name):
 
 
 def promote_types(a, b):
-    """PyTorch's promotion lattice: bool < int32 < int64 < float16, bfloat16 < float32 < float64."""
+    """PyTorch's promotion lattice: bool < uint8, int8 < int16 < int32 < int64 < float16, bfloat16 <
+    float32 < float64 (uint8 with int8 is int16: the first type that holds both ranges)."""
     if a is b:
         return a
+    if {a, b} == {uint8, int8}:
+        return int16
     if a is bool_ or b is bool_:
         return b if a is bool_ else a
     if a.is_floating_point != b.is_floating_point:

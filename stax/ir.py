@@ -318,6 +318,8 @@ def reduction_identity(reduction_type: str, dtype):
         return ident
     if dtype == bool_:
         return ident > 0
+    if dtype.kind == "u":
+        return 2 ** (8 * dtype.itemsize) - 1 if ident > 0 else 0
     bits = 8 * dtype.itemsize - 1
     return 2**bits - 1 if ident > 0 else -2**bits
 

@@ -224,6 +224,10 @@ def _lower_pointwise(node, args) -> Value:
         return Value(out_shape, out_dtype, body, cost=1 + src.cost)
     if op == "clone":
         return Value(out_shape, out_dtype, _broadcast_loader(args[0], out_shape), cost=args[0].cost)
+    if op == "flip":        # an index rewrite, i -> n - 1 - i along each flipped dim
+        src, dims = args[0], node.params["dims"]
+        return Value(out_shape, out_dtype, lambda idx: src.loader(
+            [out_shape[k] - 1 - i if k in dims else i for k, i in enumerate(idx)]), cost=src.cost)
     # unary and binary: cast every operand to the promoted compute dtype, then apply ops.<op>
     common = result_type(*[_as_meta(x) for x in args])
     if op in _FLOAT_ONLY and not common.is_floating_point:
@@ -513,7 +517,7 @@ class _Lowering:
         op = node.op
         if op in _VIEWS:
             v = _lower_view(node, args[0])
-        elif op in _UNARY or op in _BINARY or op in ("where", "to_dtype", "clone"):
+        elif op in _UNARY or op in _BINARY or op in ("where", "to_dtype", "clone", "flip"):
             v = _lower_pointwise(node, args)
         elif op in ("full", "arange"):
             v = _lower_factory(node)

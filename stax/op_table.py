@@ -13,14 +13,16 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, cumsum, nonzero, unique), scatters
+                                               fallbacks (matmul, cumsum, sort, nonzero, unique), scatters
+  - Philox4x32-10 (dropout's counter-based stream) ... philox_uniform, _philox_rand
   - the eager random state ................... manual_seed (tensor.py re-exports it)
 
 How a printer spells an op: for a generic unary op, `cpp`/`triton` is a function name, printed
 `fn(x)`; for a generic binary op it is an infix operator, printed `(a op b)`; the result dtype is
 bool when `dtype == "bool"`, else the operand's. `None` means the printer has its own method for the
-op (pow, relu, sign, maximum, ...). The ops handler calls an op by `OpDef.handler` (div is
-`ops.truediv`, as in Inductor), so a printer looks an op up in `BY_HANDLER`.
+op (pow, relu, sign, maximum, ...). A binary spelling that is a name (`std::atan2`,
+`libdevice.fmod`) is printed as a call, `fn(a, b)`. The ops handler calls an op by
+`OpDef.handler` (div is `ops.truediv`, as in Inductor), so a printer looks an op up in `BY_HANDLER`.
 """
 from __future__ import annotations
 
@@ -126,9 +128,10 @@ _rng = np.random.default_rng()
 
 
 def manual_seed(seed):
-    """Seed the eager random ops (rand, randn)."""
+    """Seed the eager random ops (rand, randn, randint) and the Philox stream of dropout."""
     global _rng
     _rng = np.random.default_rng(seed)
+    _PHILOX.update(seed=int(seed) & 0xFFFFFFFFFFFFFFFF, offset=0)
 
 
 def _rand(shape, dtype):
@@ -137,6 +140,78 @@ def _rand(shape, dtype):
 
 def _randn(shape, dtype):
     return _rng.standard_normal(shape, dtype=np.float64 if dtype is float64 else np.float32)
+
+
+def _randint(shape, low, high, dtype):
+    return _rng.integers(low, high, size=shape).astype(dtype.compute)
+
+
+# ---- Philox4x32-10: a counter-based generator (Salmon et al., 2011), as CUDA's curand and
+# PyTorch's dropout use. Element i of a draw is a pure function of (seed, offset + i); each draw
+# advances the stream's offset by its size at run time, so eager and compiled code consume the
+# same stream in the same order and `manual_seed` replays it.
+
+_PHILOX = {"seed": 67280421310721, "offset": 0}
+_M0, _M1, _W0, _W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
+
+
+def _mulhilo(a, b):
+    p = a.astype(np.uint64) * np.uint64(b)
+    return (p >> np.uint64(32)).astype(np.uint32), (p & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def philox_uniform(seed: int, counter: np.ndarray) -> np.ndarray:
+    """Uniform float64 in [0, 1) for each 64-bit counter: the first 32-bit word of Philox4x32-10."""
+    c = counter.astype(np.uint64)
+    x = [(c & np.uint64(0xFFFFFFFF)).astype(np.uint32), (c >> np.uint64(32)).astype(np.uint32),
+         np.zeros_like(c, np.uint32), np.zeros_like(c, np.uint32)]
+    k0, k1 = np.uint32(seed & 0xFFFFFFFF), np.uint32((seed >> 32) & 0xFFFFFFFF)
+    with np.errstate(over="ignore"):
+        for _ in range(10):
+            hi0, lo0 = _mulhilo(x[0], _M0)
+            hi1, lo1 = _mulhilo(x[2], _M1)
+            x = [hi1 ^ x[1] ^ k0, lo1, hi0 ^ x[3] ^ k1, lo0]
+            k0, k1 = np.uint32((int(k0) + _W0) & 0xFFFFFFFF), np.uint32((int(k1) + _W1) & 0xFFFFFFFF)
+    return x[0].astype(np.float64) * (1.0 / 4294967296.0)
+
+
+def _philox_rand(shape, dtype):
+    n = math.prod(shape)
+    start = _PHILOX["offset"]
+    _PHILOX["offset"] = start + n
+    u = philox_uniform(_PHILOX["seed"], np.arange(start, start + n, dtype=np.uint64))
+    return u.reshape(shape).astype(dtype.compute)
+
+
+def _stable_order(x, dim, descending):
+    """Indices that sort x along dim, ties in input order; NaN is the largest value (as PyTorch)."""
+    if not descending:
+        return np.argsort(x, axis=dim, kind="stable")
+    n = x.shape[dim]
+    flipped = np.argsort(np.flip(x, dim), axis=dim, kind="stable")
+    return np.flip(n - 1 - flipped, dim)
+
+
+def _sort(x, dim, descending):
+    if x.ndim == 0:
+        return x.copy()
+    return np.take_along_axis(x, _stable_order(x, dim, descending), dim)
+
+
+def _argsort(x, dim, descending):
+    if x.ndim == 0:
+        return np.zeros((), np.int64)
+    return _stable_order(x, dim, descending).astype(np.int64)
+
+
+def _logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x.copy()
+    return np.logaddexp.accumulate(x, axis=dim)
+
+
+def _fmod(a, b):
+    return np.fmod(a, b)
 
 
 # ---- The table ----
@@ -179,6 +254,8 @@ OPS = {d.name: d for d in [
     _binary("floordiv", _int_div_check(np.floor_divide), "same"),
     _binary("remainder", _int_div_check(np.remainder), "same"),
     _binary("pow", np.power, "same"),
+    _binary("atan2", np.arctan2, "float", cpp="std::atan2", triton="libdevice.atan2"),
+    _binary("fmod", _fmod, "same", cpp="std::fmod", triton="libdevice.fmod"),
     _binary("maximum", np.maximum, "same"),
     _binary("minimum", np.minimum, "same"),
     _binary("eq", np.equal, "bool", cpp="==", triton="=="),
@@ -197,6 +274,8 @@ OPS = {d.name: d for d in [
     OpDef("where", "pointwise", 3, lambda c, a, b: np.where(c.astype(bool), a, b), cast_inputs=True),
     OpDef("to_dtype", "pointwise", 1, lambda x, dtype: x),   # the result wrapper rounds to the new dtype
     OpDef("clone", "pointwise", 1, lambda x: x),             # the wrapper copies into fresh storage
+    # a copy read backwards along `dims` (torch.flip copies; negative strides are no view here)
+    OpDef("flip", "pointwise", 1, lambda x, dims: np.flip(x, dims).copy()),
     # views: eager shares the input's storage (no implementation to run)
     OpDef("permute", "view", 1, None),
     OpDef("expand", "view", 1, None),
@@ -215,10 +294,17 @@ OPS = {d.name: d for d in [
     OpDef("arange", "factory", 0, _arange),
     OpDef("rand", "factory", 0, _rand, fallback=True),
     OpDef("randn", "factory", 0, _randn, fallback=True),
+    OpDef("randint", "factory", 0, _randint, fallback=True),
+    OpDef("philox_rand", "factory", 0, _philox_rand, fallback=True),
     # the rest: cat is lowered (masked loads); the others are fallback kernels (§6.1),
     # nonzero and unique because their output sizes depend on the data
     OpDef("cumsum", "other", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
           cast_inputs=True, fallback=True),
+    OpDef("cumprod", "other", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
+          cast_inputs=True, fallback=True),
+    OpDef("logcumsumexp", "other", 1, _logcumsumexp, cast_inputs=True, fallback=True),
+    OpDef("sort", "other", 1, _sort, fallback=True),
+    OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
@@ -234,8 +320,9 @@ OPS = {d.name: d for d in [
 # `g` is the gradient of the op's output, `F` the tensor functions autograd.py passes in (so
 # this table stays at the bottom of the stack): where, exp, sin, cos, sign, sum_to (reduce a
 # broadcast gradient to an input's shape), unreduce (broadcast a reduction's gradient back),
-# cumsum, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. Ops absent from the table
-# (comparisons, argmax, factories, nonzero, ...) have no gradient.
+# cumsum, flip, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. An op absent from the
+# table has no gradient: one with integer or bool results (comparisons, argmax) needs none; a float
+# one (cumprod, sort, ...) makes backward raise when a gradient reaches it, never drop the path.
 
 _LN2 = math.log(2.0)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -311,6 +398,9 @@ DERIVATIVES = {
     "div": _binary_grad(lambda F, g, a, b, y: g / b, lambda F, g, a, b, y: -g * a / (b * b)),
     "remainder": _binary_grad(lambda F, g, a, b, y: g,
                               lambda F, g, a, b, y: -g * F.floor((a - y) / b)),
+    "atan2": _binary_grad(lambda F, g, a, b, y: g * b / (a * a + b * b),
+                          lambda F, g, a, b, y: -g * a / (a * a + b * b)),
+    "fmod": _binary_grad(lambda F, g, a, b, y: g, lambda F, g, a, b, y: -g * F.trunc(a / b)),
     "pow": _pow_grads,
     "maximum": lambda F, g, ins, out, p: _max_min_grads(F, g, ins, out, p, lambda a, b: a > b),
     "minimum": lambda F, g, ins, out, p: _max_min_grads(F, g, ins, out, p, lambda a, b: a < b),
@@ -320,6 +410,7 @@ DERIVATIVES = {
                                         if F.is_tensor(ins[2]) else None),
     "to_dtype": lambda F, g, ins, out, p: (F.to_dtype(g, ins[0].dtype),),
     "clone": lambda F, g, ins, out, p: (g,),
+    "flip": lambda F, g, ins, out, p: (F.flip(g, p["dims"]),),
     "permute": lambda F, g, ins, out, p: (F.permute(g, [p["dims"].index(i) for i in range(len(p["dims"]))]),),
     "expand": lambda F, g, ins, out, p: (F.sum_to(g, ins[0].shape),),
     "reshape": lambda F, g, ins, out, p: (F.reshape(g, ins[0].shape),),

@@ -113,6 +113,8 @@ class Printer:
         if d.kind == "unary":
             return lambda x: self.emit(f"{spelling}({x})", x.dtype)
         result = bool_ if d.dtype == "bool" else None
+        if spelling[0].isalpha():       # a function (std::atan2, libdevice.fmod): a call
+            return lambda a, b: self.emit(f"{spelling}({a}, {b})", result or a.dtype)
         return lambda a, b: self.emit(f"({a} {spelling} {b})", result or a.dtype)
 
 

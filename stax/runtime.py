@@ -138,10 +138,11 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
     def gpu_extern_kernel(op, inputs, params, dtype):
         return extern_kernel(op, inputs, params, dtype, "cuda")     # through the host, back on the GPU
 
+    # (the dtypes by bare name too: a fallback's parameters spell them so, `'dtype': float32`)
     return {"stax": stax, "assert_size_stride": assert_size_stride,
             "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
-            "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor}
+            "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor, **DTYPES}
 
 
 def load_gpu_module(source: str, mode=None, options=None):

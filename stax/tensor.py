@@ -41,10 +41,10 @@ import numpy as np
 
 from .dtypes import (_ALIASES, _FROM_NP, _HALF, DTYPES, DType, _combine,  # noqa: F401 (re-exported)
                      _scalar_dtype, _to_compute_form, _to_storage_form, bfloat16, bool_, can_cast,
-                     float16, float32, float64, int32, int64, promote_types)
+                     float16, float32, float64, int8, int16, int32, int64, promote_types, uint8)
 from .op_table import OPS, manual_seed, names  # noqa: F401 (manual_seed re-exported)
 
-__all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int32 int64 bool_
+__all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int8 uint8 int16 int32 int64 bool_
     promote_types result_type can_cast set_num_threads get_num_threads manual_seed tensor from_numpy
     set_default_device get_default_device
     zeros ones full empty zeros_like ones_like full_like arange rand randn""".split()
@@ -467,7 +467,7 @@ def _op(op, inputs, params, meta):
 def _np_dtype_to_stax(dt):
     if np.dtype(dt) not in _FROM_NP:
         raise TypeError(f"can't convert np.ndarray of type numpy.{np.dtype(dt)}. The only supported "
-                        "types are: float64, float32, float16, int64, int32, and bool.")
+                        "types are: float64, float32, float16, int64, int32, int16, int8, uint8, and bool.")
     return _FROM_NP[np.dtype(dt)]
 
 

@@ -64,10 +64,31 @@ def _expm1(x):
     return tl.where(u == 1.0, x, tl.where(u - 1.0 == -1.0, -1.0, big))
 
 
+@triton.jit
+def _fmod(a, b):
+    return a % b        # Triton's float % is C's fmod (frem): the dividend's sign
+
+
+@triton.jit
+def _atan2(y, x):
+    # Cephes atanf on |y| / |x| (range-reduced to |t| <= tan(pi/8)), then the quadrant
+    q = tl.abs(y) / tl.abs(x)
+    big = q > 2.414213562373095
+    mid = (q > 0.4142135623730950) & (q <= 2.414213562373095)
+    t = tl.where(big, -1.0 / q, tl.where(mid, (q - 1.0) / (q + 1.0), q))
+    base = tl.where(big, 1.5707963267948966, tl.where(mid, 0.7853981633974483, 0.0))
+    z = t * t
+    r = base + ((((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z
+                 - 3.33329491539e-1) * z * t + t)
+    r = tl.where(x < 0, 3.141592653589793 - r, r)
+    r = tl.where((x == 0) & (y == 0), 0.0, r)
+    return tl.where(y < 0, -r, r)
+
+
 class _InterpretedLibdevice:
     """libdevice's names, resolved at call time to the `tl` functions the interpreter patches."""
     _OWN = {"tanh": _tanh, "nearbyint": _nearbyint, "trunc": _trunc, "pow": _pow,
-            "log1p": _log1p, "expm1": _expm1}
+            "log1p": _log1p, "expm1": _expm1, "fmod": _fmod, "atan2": _atan2}
 
     def __getattr__(self, name):
         return self._OWN.get(name) or getattr(tl, name)

@@ -58,9 +58,10 @@ def current_target() -> Target:
 # ---- §9.1 Types, literals, index expressions ----
 
 _TL = {"float32": "tl.float32", "float64": "tl.float64", "float16": "tl.float16",
-       "bfloat16": "tl.bfloat16", "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1"}
-_SIG = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16",
-        "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+       "bfloat16": "tl.bfloat16", "int8": "tl.int8", "uint8": "tl.uint8", "int16": "tl.int16",
+       "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1"}
+_SIG = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16", "int8": "*i8",
+        "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1"}
 
 
 def tl_dtype(dtype) -> str:
