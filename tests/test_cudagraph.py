@@ -245,6 +245,17 @@ def test_output_fed_back_as_input(fake, rng):
     assert_close(x.cpu(), ref, stax.float32)
 
 
+def test_an_output_passed_twice_is_checked_each_time(fake, rng):
+    f = stax.compile(lambda x: stax.cos(x) + 1, mode="reduce-overhead")
+    x = cuda_randn(rng, 4, 9)
+    f(x)
+    y = f(x)
+    z = f(y)                               # y is current: copied in, then overwritten by the replay
+    assert_close(z.cpu(), np.cos(np.cos(np.asarray(x.cpu(), np.float64)) + 1) + 1, stax.float32)
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        f(y)
+
+
 # ---- the fallback state ----
 
 
