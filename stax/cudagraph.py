@@ -139,7 +139,7 @@ class GraphPool:
         self.written: dict = {}        # ptr -> keys of the graphs that write it on replay
         self.live: set = set()         # keys of the graphs alive that recorded here
         self.owner = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()      # a buffer collected inside `allocate` releases re-entrantly
 
     def allocate(self, nbytes: int):
         size = cuda.round_size(nbytes)
