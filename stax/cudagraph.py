@@ -505,6 +505,9 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: dynamic mode (§10.4) "
             "serves many shapes from one artifact, and a graph replays one fixed shape")
         return call
+    if not module.kernels:
+        log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: it launches no kernel")
+        return call
     reasons = static_reasons(graph, module)
     if reasons:
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph:\n  " + "\n  ".join(reasons))

@@ -297,6 +297,14 @@ def test_static_conditions_reject(fake, rng, monkeypatch, capsys, fn, why):
     assert "is not wrapped in a CUDA graph" in err and why in err
 
 
+def test_nothing_to_replay(fake, rng):
+    f = stax.compile(lambda x: x.t(), mode="reduce-overhead")
+    x = cuda_randn(rng, 2, 3)
+    for _ in range(3):
+        assert f(x).shape == (3, 2)
+    assert graphed(f) is None and fake.graphs == 0
+
+
 def test_condition_3_other_device():
     node = SimpleNamespace(name="arg0_1", meta=SimpleNamespace(device="cpu"))
     graph = SimpleNamespace(inputs=[node], unbacked={}, mutations=[])
@@ -403,6 +411,22 @@ def test_gpu_1000_replays_equal_the_artifact(rng):
         np.testing.assert_array_equal(got, plain(x, w).cpu().numpy())
     g = graphed(graph)
     assert g.stats["replays"] >= 997 and g.broken is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_two_graphs_share_a_pool(rng):
+    f = stax.compile(chain, mode="reduce-overhead")
+    g = stax.compile(lambda x: stax.exp(x) * 0.5 - x.sum(0), mode="reduce-overhead")
+    x, w = cuda_randn(rng, 33, 65), cuda_randn(rng, 65)
+    for _ in range(4):
+        a, b = f(x, w), g(x)
+        assert_close(a.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+        ref = np.exp(np.asarray(x.cpu(), np.float64)) * 0.5 - np.asarray(x.cpu(), np.float64).sum(0)
+        assert_close(b.cpu(), ref, stax.float32)
+    pools = {id(graphed(f).rec.pool), id(graphed(g).rec.pool)}
+    assert graphed(f).stats["replays"] == graphed(g).stats["replays"] == 3
+    assert len(pools) == 1 or "private" in graphed(g).noted
 
 
 @pytest.mark.gpu
