@@ -28,7 +28,8 @@ import time
 
 import stax
 
-SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune")
+SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune",
+               "cudagraphs")
 
 
 # ---- Bytes moved (Prop. 1.1) ----
