@@ -183,6 +183,20 @@ def test_condition_2_count_and_layout_run_directly(fake, rng):
     assert g.stats["replays"] == 3
 
 
+def test_bfloat16_and_default_mode(fake, rng):
+    a, b = rng.standard_normal((5, 24)), rng.standard_normal(24)
+    x = stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16)
+    w = stax.from_numpy(b.astype(np.float32)).to("cuda").to(stax.bfloat16)
+    f = stax.compile(chain, mode="reduce-overhead")
+    plain = stax.compile(chain)
+    for _ in range(3):
+        out = f(x, w)
+        assert out.dtype is stax.bfloat16
+        assert_close(out.float().cpu(), chain_ref(x.float().cpu(), w.float().cpu()), stax.bfloat16)
+        np.testing.assert_array_equal(out.float().cpu().numpy(), plain(x, w).float().cpu().numpy())
+    assert graphed(f).stats["replays"] == 2 and graphed(plain) is None
+
+
 def test_special_values_and_empty(fake):
     a = np.array([[0.0, -0.0, np.inf], [-np.inf, np.nan, 1e-30]], np.float32)
     f = stax.compile(lambda x: stax.sin(x) + x.sum(-1, keepdim=True), mode="reduce-overhead")
@@ -362,6 +376,22 @@ class FakeBacking:
 
     def release(self, ptr, size):
         del self.live[ptr]
+
+
+def test_allocations_come_from_the_pool_while_recording():
+    pool = cudagraph.GraphPool(FakeBacking())
+    pool.join("g")
+    with cuda.allocating_from(pool):
+        buf = cuda.allocate(300)
+        with cuda.allocating_from(None):           # nested: back to the caching allocator's route
+            assert getattr(cuda._POOL, "pool", None) is None
+        assert buf._alloc is pool and buf.block_size == cuda.round_size(300)
+    assert getattr(cuda._POOL, "pool", None) is None
+    ptr = buf.ptr
+    buf.free()
+    assert pool.free == {cuda.round_size(300): [ptr]}
+    pool.leave("g")
+    assert pool.free == {} and pool.reserved == {}
 
 
 def test_pool_shares_scratch_and_detects_conflicts():
