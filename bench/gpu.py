@@ -2,6 +2,8 @@
 
 Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`; a workload
 is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout).
+`python bench/gpu.py launchbound` runs only §9.9's launch-bound section (issue 13): an MLP block and
+a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -258,6 +260,130 @@ def compile_times():
     return [run(env, "cold compile"), run(env, "warm on-disk cache")]
 
 
+# ---- §9.9 Launch-bound work: CUDA graphs (issue 13; `python bench/gpu.py launchbound`) ----
+
+
+def mlp_block(x, *params):
+    """Issue 13's MLP block: 4 layers of matmul + bias + GELU + layer_norm (width 1024)."""
+    h = x
+    for i in range(0, len(params), 4):
+        w, b, g, beta = params[i:i + 4]
+        h = stax.layer_norm(stax.gelu(h @ w + b), (h.shape[-1],), g, beta)
+    return h
+
+
+def chain20(x):
+    """Issue 13's chain: 20 steps of sin(x) + x.sum(-1, keepdim=True) * 1e-3 on 64x64."""
+    for _ in range(20):
+        x = stax.sin(x) + x.sum(-1, keepdim=True) * 1e-3
+    return x
+
+
+def launch_bound_inputs(rng):
+    """{name: (stax function, torch function, numpy inputs)} at issue 13's sizes."""
+    def mlp_torch(x, *params):
+        import torch.nn.functional as F
+        h = x
+        for i in range(0, len(params), 4):
+            w, b, g, beta = params[i:i + 4]
+            h = F.layer_norm(F.gelu(h @ w + b), (h.shape[-1],), g, beta)
+        return h
+
+    def chain_torch(x):
+        for _ in range(20):
+            x = x.sin() + x.sum(-1, keepdim=True) * 1e-3
+        return x
+    params = []
+    for _ in range(4):
+        params += [rng.standard_normal((1024, 1024)) / 32, rng.standard_normal(1024) * 0.1,
+                   1 + rng.standard_normal(1024) * 0.1, rng.standard_normal(1024) * 0.1]
+    return {"mlp_bf16_b8": (mlp_block, mlp_torch, [rng.standard_normal((8, 1024))] + params, "bfloat16"),
+            "chain20_64x64": (chain20, chain_torch, [rng.standard_normal((64, 64))], "float32")}
+
+
+def _per_call_us(fn, args, sync, n=2000, warm=20):
+    """Wall µs per call of back-to-back calls (best of 3): what a launch-bound loop sees."""
+    for _ in range(warm):
+        fn(*args)
+    sync()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        sync()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def _host_us(fn, args, sync, n=200):
+    """Host µs per call: the calls' own time, the device left to catch up afterwards (best of 5)."""
+    best = float("inf")
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    sync()
+    return best
+
+
+def launch_bound():
+    """Default mode, reduce-overhead, torch.compile and torch.compile(mode='reduce-overhead'):
+    µs per call and host µs per call; for Stax's graphs also the host µs of one replay (condition 2
+    + cuGraphLaunch + the output tensors) and of the bare cuGraphLaunch."""
+    rows = []
+    for name, (fn, tfn, arrays, dt) in launch_bound_inputs(np.random.default_rng(0)).items():
+        args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(getattr(stax, dt)) for a in arrays]
+        row = {"workload": name}
+        outs = {}
+        for mode in ("default", "reduce-overhead"):
+            f = stax.compile(fn, mode=mode)
+            outs[mode] = f(*args).clone().float().cpu().numpy()     # warm-up (autotunes), then checked
+            outs[mode] = f(*args).clone().float().cpu().numpy()
+            row[f"stax_{mode}_us"] = _per_call_us(f, args, cuda.synchronize)
+            row[f"stax_{mode}_host_us"] = _host_us(f, args, cuda.synchronize)
+            row["kernels"] = len(f.last_generated.kernels)
+        g = next(iter(f.artifacts.values()))[0]
+        if hasattr(g, "rec") and g.rec is not None:
+            row["replay_host_us"] = _host_us(lambda *a: g(list(a)), args, cuda.synchronize)
+            row["cuGraphLaunch_host_us"] = _host_us(g.rec.graph.replay, [], cuda.synchronize)
+            row["graph_stats"] = dict(g.stats)
+        else:
+            row["graph_stats"] = "NOT WRAPPED (STAX_LOGS=cudagraphs says why)"
+        row["max_abs_diff_vs_default"] = float(np.nanmax(np.abs(outs["reduce-overhead"] - outs["default"])))
+        row.update(_torch_launch_bound(tfn, arrays, dt))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print("\n| workload | Stax default µs | Stax reduce-overhead µs | torch.compile µs | torch reduce-overhead µs "
+          "| host µs/call (default / graphs) | host µs per replay | cuGraphLaunch µs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    nan = float("nan")
+    for r in rows:
+        print(f"| {r['workload']} | {r['stax_default_us']:.1f} | {r['stax_reduce-overhead_us']:.1f} | "
+              f"{r.get('torch_default_us', nan):.1f} | {r.get('torch_reduce-overhead_us', nan):.1f} | "
+              f"{r['stax_default_host_us']:.1f} / {r['stax_reduce-overhead_host_us']:.1f} | "
+              f"{r.get('replay_host_us', nan):.1f} | {r.get('cuGraphLaunch_host_us', nan):.1f} |")
+    print("targets (issue 13): mlp_bf16_b8 <= 40 µs with reduce-overhead (<= 0.55x torch's reduce-overhead), "
+          "chain20_64x64 <= 12 µs, host time per replay <= 5 µs")
+    return rows
+
+
+def _torch_launch_bound(tfn, arrays, dt) -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    targs = [torch.tensor(a, dtype=getattr(torch, dt), device="cuda") for a in arrays]
+    found = {}
+    for mode in ("default", "reduce-overhead"):
+        tf = torch.compile(tfn, mode=mode)
+        found[f"torch_{mode}_us"] = _per_call_us(tf, targs, torch.cuda.synchronize)
+        found[f"torch_{mode}_host_us"] = _host_us(tf, targs, torch.cuda.synchronize)
+    return found
+
+
 def selected(argv) -> list:
     """Workloads named on the command line: a name (`softmax`, `colsum:small`), a family that is no
     name itself (`colsum`: both column sums) or a group (`reductions`), in WORKLOADS' order."""
@@ -270,6 +396,12 @@ def selected(argv) -> list:
 
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
+    if "launchbound" in argv:           # §9.9 only (issue 13)
+        rows = launch_bound()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"launch_bound": rows}, fh, indent=1)
+        return
     names = selected(argv) or list(WORKLOADS)
     mm_names = [a for a in argv if a in MATMULS] or ([] if selected(argv) else list(MATMULS))
     props = cuda.get_device_properties()

@@ -50,6 +50,7 @@ for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, s
     globals()[_name] = _dt
 
 RECOMPILE_LIMIT = 8
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _MISS = object()
 
 # Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
@@ -59,7 +60,8 @@ _RUN_REGISTRY: list | None = None
 
 # ---- Observability: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles ----
 
-LOG_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune")
+LOG_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune",
+              "cudagraphs")
 
 
 def _logs() -> set:
@@ -580,6 +582,7 @@ class CompiledFunction:
                                f"inputs they were captured on:\n{source}")
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
+        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=True)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = gen
@@ -643,6 +646,7 @@ class CompiledFunction:
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
+        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=False)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
@@ -657,6 +661,13 @@ class CompiledFunction:
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+
+    def _graphed(self, call, graph, gen, name, device, dynamic):
+        """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""
+        if self.mode != "reduce-overhead":
+            return call
+        from . import cudagraph
+        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log)
 
 
 def _needs_grad(values) -> bool:
@@ -712,13 +723,17 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
              None: automatic dynamic: the first call compiles static; a later call that differs
              only in sizes compiles one artifact in which the dims that changed are symbols.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
-    mode: None/"default" (the CPU back end ignores "reduce-overhead" and "max-autotune").
+    mode: None/"default"; "reduce-overhead" replays each GPU artifact from a CUDA graph (§9.9,
+          cudagraph.py: a replay's outputs are overwritten by the next call, so `.clone()` what
+          you keep); "max-autotune" searches launch configurations further (§9.6);
+          "max-autotune-no-cudagraphs" is accepted as PyTorch spells it. The CPU back end runs
+          its code as usual in every mode (reduce-overhead says so once, STAX_LOGS=cudagraphs).
     """
     if dynamic not in (None, True, False):
         raise ValueError(f"stax.compile: dynamic must be None, True or False, got {dynamic!r}")
-    if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
-        raise ValueError(f"stax.compile: unknown mode {mode!r}; choose None, 'default', "
-                         "'reduce-overhead' or 'max-autotune'")
+    if mode not in MODES:
+        raise ValueError(f"stax.compile: unknown mode {mode!r}; choose one of "
+                         + ", ".join(repr(m) for m in MODES))
     if fn is None:
         return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options)
     if not callable(fn):

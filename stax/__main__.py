@@ -31,7 +31,8 @@ import time
 import stax
 from stax.report import traffic     # Prop. 1.1's bytes moved: the summary and the report share it
 
-SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune")
+SHOW_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune",
+               "cudagraphs")
 
 
 # ---- Time against eager ----

@@ -360,7 +360,7 @@ def aliasing(tensors: list):
     if len(tensors) < 2:
         return None
     spans = sorted((_memory(t._storage), p) for p, t in enumerate(tensors)
-                   if t._storage is not None and t.numel() != 0)
+                   if t._storage is not None and 0 not in t._meta.shape)
     groups, hi = [], None
     for (lo2, hi2), p in spans:
         if hi is not None and lo2 < hi:

@@ -44,7 +44,7 @@ __all__ = [
     "reset_peak_memory_stats", "empty_cache", "copy_host_to_device", "copy_device_to_host",
     "copy_device_to_device", "memset_zero", "to_device", "to_host", "Stream", "current_stream",
     "synchronize", "Event", "CUDAGraph", "interpreting", "check_device", "DeviceArray", "device",
-    "CDEF",
+    "CDEF", "allocating_from",
 ]
 
 # ---- §9.7 Driver binding (cdef) and lazy initialisation ----
@@ -544,9 +544,34 @@ class _CachingAllocator:
             }
 
 
+_POOL = threading.local()      # .pool: where this thread's allocations come from while a CUDA graph records
+
+
 def allocate(nbytes: int) -> DeviceBuffer:
-    """nbytes of device memory from the caching allocator (contents undefined)."""
+    """nbytes of device memory from the caching allocator (contents undefined), or from the
+    graph's pool while this thread records a CUDA graph (``allocating_from``)."""
+    pool = getattr(_POOL, "pool", None)
+    if pool is not None:
+        return pool.allocate(nbytes)
     return init().alloc.allocate(nbytes)
+
+
+class allocating_from:
+    """``with allocating_from(pool):`` this thread's allocations come from ``pool`` (§9.9: a CUDA
+    graph's buffers must not go back to the shared cache while the graph may replay). ``pool``
+    has ``allocate(nbytes) -> DeviceBuffer``; the buffers it hands out give themselves back to it."""
+
+    def __init__(self, pool):
+        self.pool, self.prev = pool, None
+
+    def __enter__(self):
+        self.prev = getattr(_POOL, "pool", None)
+        _POOL.pool = self.pool
+        return self.pool
+
+    def __exit__(self, *exc):
+        _POOL.pool = self.prev
+        return False
 
 
 def memory_stats() -> dict:

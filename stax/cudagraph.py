@@ -1,0 +1,525 @@
+"""§9.9 CUDA graphs: `stax.compile(mode="reduce-overhead")` records a GPU artifact's launches once
+and replays them with one cuGraphLaunch per call.
+
+Layer: runtime (beside runtime.py, under `stax/__init__.py`, which hands each GPU artifact's
+`call` to `wrap`). Imports `cuda` (stream capture, device copies, the allocator hook) and `tensor`
+(the output tensors it hands back). It never imports a code generator: it reads the generated
+module's wrapper text and the captured graph, both of which a warm start from the artifact cache
+also has.
+
+Consumes an artifact's `call(args)` (runtime.load_module), its captured graph and its generated
+module. Produces a `GraphedCall` that `CompiledFunction` calls in the artifact's place, or the
+`call` unchanged with a `STAX_LOGS=cudagraphs` line saying why it was not wrapped.
+
+§9.9's three conditions, and where each is checked:
+  1. no data-dependent sizes, no host reads of device data ... `static_reasons`, before wrapping
+  2. the inputs at the recorded addresses (or copied there),
+     the same number of inputs and the same layouts ........... `GraphedCall.__call__`, every call
+  3. one GPU, no host-side computation (§6.1 fallback kernels) . `static_reasons`
+
+Memory: a replay writes its outputs into buffers the graph owns (`GraphPool`), so the next replay
+overwrites them. The tensors a replay returns read through a `GraphOutputArray`, which raises an
+error saying to `.clone()` once a later replay has overwritten them, instead of returning newer
+values. Graphs share one pool when their lifetimes allow it: scratch blocks (dead by the end of a
+replay) are shared, since every replay runs in order on the one stream; a graph whose outputs
+landed on another live graph's scratch is recorded again in a pool of its own.
+
+Where to look:
+  - `wrap` .................... the entry: which artifacts are wrapped, the log line when not
+  - `static_reasons` .......... conditions 1 and 3
+  - `GraphedCall` ............. warm-up call, recording, condition 2, copies into the recorded
+                                inputs, replay, the fallback state after a driver error
+  - `GraphPool` ............... graph-owned memory, shared between graphs when safe
+  - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it
+  - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
+"""
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+
+from . import cuda
+from .tensor import Meta, Storage, Tensor
+
+# ---- §9.9 Data types: the driver seam, graph-owned memory, guarded outputs ----
+
+
+class CudaDriver:
+    """What recording needs from the driver: stream capture of stax.cuda's one stream
+    (`cuda.CUDAGraph`), stream-ordered device copies, and the pool recordings allocate from."""
+
+    def unavailable(self) -> str | None:
+        """Why graphs cannot be recorded here, or None."""
+        if cuda.interpreting():
+            return "kernels run in Triton's interpreter (TRITON_INTERPRET=1), not on a GPU"
+        if not cuda.is_available():
+            return f"no GPU: {cuda.unavailable_reason()}"
+        return None
+
+    def graph(self):
+        return cuda.CUDAGraph()
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        cuda.copy_device_to_device(dst, src, nbytes)
+
+    def pool(self, private: bool = False):
+        return GraphPool(cuda.init().alloc) if private else shared_pool()
+
+
+_DRIVER = CudaDriver()
+
+
+def set_driver(driver):
+    """Install `driver` (an object with `unavailable`, `graph`, `copy`, `pool`); returns the old one.
+    Tests put a fake driver here so that CI, with no GPU, covers the recording logic."""
+    global _DRIVER
+    old, _DRIVER = _DRIVER, driver
+    return old
+
+
+class _Generation:
+    """The replay count of one GraphedCall; outputs remember the count they were made at. Outputs
+    hold this cell, not the GraphedCall, so an output kept by the caller does not keep the graph."""
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+
+class OverwrittenOutputError(RuntimeError):
+    """An output of a CUDA graph replay was read after a later replay overwrote it."""
+
+
+class GraphOutputArray:
+    """The storage of a tensor a replay returned: the graph's own device array, usable until the
+    next replay overwrites it. Every read (`ptr`, `host()`, the interpreter's `host_array`) and
+    write (`upload`) checks the generation first."""
+    __slots__ = ("_array", "_cell", "_gen", "_name", "count", "dtype")
+
+    def __init__(self, array, cell: _Generation, name: str):
+        self._array, self._cell, self._gen, self._name = array, cell, cell.value, name
+        self.count, self.dtype = array.count, array.dtype
+
+    def _live(self):
+        if self._cell.value != self._gen:
+            raise OverwrittenOutputError(
+                f"this tensor is an output of a CUDA graph replay of {self._name} (stax.compile "
+                f"mode='reduce-overhead'), and a later call of {self._name} has overwritten it: a "
+                "replay writes its outputs into the same graph-owned memory every time. To keep an "
+                "output across calls, copy it before the next call: `y = f(x).clone()`.")
+        return self._array
+
+    ptr = property(lambda self: self._live().ptr)
+    buffer = property(lambda self: self._live().buffer)
+    host_array = property(lambda self: self._live().host_array)
+
+    def host(self):
+        return self._live().host()
+
+    def upload(self, array):
+        self._live().upload(array)
+        return self
+
+    def guards_intact(self) -> bool:
+        return self._array.guards_intact()
+
+
+class GraphPool:
+    """Device memory owned by CUDA graphs (§9.9). Blocks come from `backing` (the caching
+    allocator) and stay with the pool while any graph that recorded into it is alive, so a buffer
+    a graph writes on replay is never handed to anyone else. `owner`, while a graph records, is
+    the key every block it touches is marked with (`written`): a block one live graph writes may
+    not become another live graph's output or staged input (`conflicts`)."""
+
+    def __init__(self, backing):
+        self.backing = backing
+        self.reserved: dict = {}       # ptr -> the DeviceBuffer from `backing` behind a block
+        self.free: dict = {}           # block size -> free ptrs
+        self.written: dict = {}        # ptr -> keys of the graphs that write it on replay
+        self.live: set = set()         # keys of the graphs alive that recorded here
+        self.owner = None
+        self.lock = threading.RLock()      # a buffer collected inside `allocate` releases re-entrantly
+
+    def allocate(self, nbytes: int):
+        size = cuda.round_size(nbytes)
+        with self.lock:
+            ptrs = self.free.get(size)
+            if ptrs:
+                ptr = ptrs.pop()
+            else:
+                buf = self.backing.allocate(size)
+                ptr = buf.ptr
+                self.reserved[ptr] = buf
+            if self.owner is not None:
+                self.written.setdefault(ptr, set()).add(self.owner)
+        return cuda.DeviceBuffer(ptr, int(nbytes), size, self)
+
+    def release(self, ptr: int, size: int) -> None:
+        with self.lock:
+            if self.live:
+                self.free.setdefault(size, []).append(ptr)
+            else:                       # no graph replays any more: back to the caching allocator
+                self.written.pop(ptr, None)
+                self.reserved.pop(ptr).free()
+
+    def conflicts(self, key, owned_ptrs) -> list:
+        """The blocks among `owned_ptrs` (what graph `key` keeps between replays) that another
+        live graph writes on its replays."""
+        with self.lock:
+            return [p for p in owned_ptrs if (self.written.get(p, set()) & self.live) - {key}]
+
+    def join(self, key) -> None:
+        with self.lock:
+            self.live.add(key)
+
+    def leave(self, key) -> None:
+        """Graph `key` is gone; with no graph left, every free block goes back to `backing`."""
+        with self.lock:
+            self.live.discard(key)
+            for marks in self.written.values():
+                marks.discard(key)
+            if self.live:
+                return
+            for ptrs in self.free.values():
+                for ptr in ptrs:
+                    self.written.pop(ptr, None)
+                    self.reserved.pop(ptr).free()
+            self.free.clear()
+
+    def stats(self) -> dict:
+        with self.lock:
+            free = sum(size * len(p) for size, p in self.free.items())
+            return {"reserved_bytes": sum(b.block_size for b in self.reserved.values()),
+                    "free_bytes": free, "graphs": len(self.live)}
+
+
+_SHARED = [None]            # the pool recordings share while one is alive (a weak hold, see below)
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool() -> GraphPool:
+    """The process's shared graph pool: a new one when no graph holds the last one any more."""
+    with _SHARED_LOCK:
+        pool = _SHARED[0]
+        if pool is None or not pool.live:
+            pool = _SHARED[0] = GraphPool(cuda.init().alloc)
+        return pool
+
+
+# ---- §9.9 Conditions 1 and 3, checked before wrapping ----
+
+_EXTERN = re.compile(r"extern_kernel\('([A-Za-z0-9_]+)'")
+
+
+def static_reasons(graph, module) -> list:
+    """Why an artifact cannot be replayed from a graph (empty: it can). Condition 1: sizes that
+    depend on data, host reads of device data; condition 3: inputs on another device, host-side
+    computation (a §6.1 fallback kernel runs its numpy implementation through the host)."""
+    reasons = []
+    for sym, (node, dim) in getattr(graph, "unbacked", {}).items():
+        reasons.append(f"condition 1: the size {sym} (dim {dim} of {node}) depends on the data")
+    ops = list(dict.fromkeys(_EXTERN.findall(module.wrapper)))
+    for op in ops:
+        reasons.append(f"conditions 1 and 3: the fallback kernel '{op}' copies device data to the "
+                       "host and computes there")
+    for n in graph.inputs:
+        if not str(n.meta.device).startswith("cuda"):
+            reasons.append(f"condition 3: input {n.name} is on {n.meta.device}, not the GPU")
+    return reasons
+
+
+def mutated_positions(graph) -> frozenset:
+    """The argument positions the artifact writes to (in-place updates of inputs): those are
+    never copied into graph-owned buffers, since the write must reach the caller's tensor."""
+    names = {inp.name for inp, _ in getattr(graph, "mutations", ())}
+    return frozenset(i for i, n in enumerate(graph.inputs) if n.name in names)
+
+
+# ---- §9.9 Recording: one captured launch sequence and what it holds alive ----
+
+
+def _span_bytes(meta) -> int:
+    """The bytes from a tensor's first element to past its last (strides are not negative)."""
+    if any(s == 0 for s in meta.shape):
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride))) * meta.dtype.itemsize
+
+
+class Recording:
+    """One recorded graph: the inputs it reads (the caller's tensors at their addresses, or
+    graph-owned staged copies), the outputs it writes, and the pool that owns its memory."""
+
+    def __init__(self, graph, pool, key, args, record_inputs, staged, outs):
+        self.graph, self.pool, self.key = graph, pool, key
+        self.n = len(args)
+        self.shapes = [t._meta.shape for t in args]
+        self.strides = [t._meta.stride for t in args]
+        self.ptrs = [t.data_ptr() for t in record_inputs]
+        # per position, the last call's (storage, meta, data pointer): a tensor passed again
+        # (storage and layout objects identical, so the same address) skips its checks
+        self.seen = [None] * self.n
+        self.staged = staged               # position -> (staged array, its bytes)
+        self.inputs = record_inputs        # keeps the static inputs' memory from being reused
+        self.outs = outs
+        static = {id(t._storage) for i, t in enumerate(record_inputs) if i not in staged}
+        self.owned = []                    # graph-owned storages the outputs read
+        self.plan = []                     # per output: (None, value) | (index in owned, meta)
+        seen = {}
+        for o in outs:
+            if o.__class__ is not Tensor:
+                self.plan.append((None, o))
+            elif id(o._storage) in static:  # a view of the caller's input, at its recorded address
+                self.plan.append((None, o))
+            else:
+                k = seen.setdefault(id(o._storage), len(self.owned))
+                if k == len(self.owned):
+                    self.owned.append(o._storage.data)
+                self.plan.append((k, o._meta))
+
+    def owned_ptrs(self) -> list:
+        arrays = self.owned + [a for a, _ in self.staged.values()]
+        return [a.buffer.ptr for a in arrays if getattr(a, "buffer", None) is not None]
+
+    def outputs(self, cell: _Generation, name: str) -> tuple:
+        """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
+        storages = [Storage(GraphOutputArray(a, cell, name), "cuda") for a in self.owned]
+        return tuple([v if k is None else Tensor._make(storages[k], v) for k, v in self.plan])
+
+    def close(self) -> None:
+        self.graph = self.outs = self.inputs = None
+        self.owned, self.staged, self.plan, self.seen = [], {}, [], [None] * self.n
+        if self.pool is not None:
+            self.pool.leave(self.key)
+            self.pool = None
+
+
+def _stage(t, pool):
+    """A graph-owned buffer with `t`'s layout (offset 0) that `t`'s data is copied into each call."""
+    m = t._meta
+    nbytes = _span_bytes(m)
+    array = cuda.DeviceArray(max(1, nbytes // m.dtype.itemsize), m.dtype.np)
+    view = Tensor._make(Storage(array, "cuda"), Meta(m.shape, m.stride, m.dtype, m.device, 0))
+    return array, nbytes, view
+
+
+def record(call, args, staged_positions, pool, key):
+    """Capture `call` on `args` (the positions in `staged_positions` read graph-owned copies)
+    into a graph whose memory comes from `pool`. Nothing runs: the caller replays it."""
+    graph = _DRIVER.graph()
+    if pool is not None:
+        pool.join(key)
+        pool.owner = key
+    try:
+        with cuda.allocating_from(pool):
+            staged, record_inputs = {}, []
+            for i, t in enumerate(args):
+                if i in staged_positions:
+                    array, nbytes, view = _stage(t, pool)
+                    staged[i] = (array, nbytes)
+                    t = view
+                record_inputs.append(t)
+            with graph:
+                outs = call(list(record_inputs))
+    except BaseException:
+        if pool is not None:
+            pool.owner = None
+            pool.leave(key)
+        raise
+    if pool is not None:
+        pool.owner = None
+    return Recording(graph, pool, key, args, record_inputs, staged, tuple(outs))
+
+
+# ---- §9.9 Condition 2 on every call, replay, the fallback state ----
+
+_RECORD_LOCK = threading.Lock()     # one capture at a time: stax drives one stream
+
+
+class GraphedCall:
+    """An artifact's `call(args)` under mode='reduce-overhead'.
+
+    The first call runs the artifact directly (it compiles and autotunes every kernel); the second
+    records the launch sequence and replays it; later calls replay when condition 2 holds: the
+    same number of inputs with the recorded shapes and strides, and each input at its recorded
+    address. An input that moved is copied into a graph-owned buffer (the graph is recorded
+    again once, reading that buffer); an input the artifact writes to that moved, or a layout
+    change, runs the artifact directly. A driver error while recording or replaying is reported
+    once, and the artifact runs directly from then on (the fallback state)."""
+
+    def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None):
+        self.call, self.name, self.mutated, self.log = call, name, mutated, log
+        self.warmed = False
+        self.rec = None
+        self.staged_positions = set()
+        self.broken = None            # the driver's error, once recording or replay failed
+        self.cell = _Generation()
+        self.noted = set()            # log lines already given (each once)
+        self.stats = {"direct": 0, "records": 0, "replays": 0, "copies": 0}
+        self._lock = threading.Lock()
+
+    def __call__(self, args):
+        with self._lock:
+            rec = self.rec
+            if rec is None or len(args) != rec.n:
+                return self._slow(args)
+            copies, seen = [], rec.seen
+            for i, t in enumerate(args):
+                st, m = t._storage, t._meta
+                c = seen[i]
+                if c is not None and c[0] is st and c[1] is m:   # the last call's tensor: known
+                    p = c[2]
+                else:
+                    if m.shape != rec.shapes[i] or m.stride != rec.strides[i]:
+                        return self._slow(args)
+                    p = t.data_ptr()          # an overwritten output raises here
+                    # (never cached: an output of ours must be checked on every call)
+                    seen[i] = None if st.data.__class__ is GraphOutputArray else (st, m, p)
+                if p != rec.ptrs[i]:
+                    if i not in rec.staged:
+                        return self._slow(args)
+                    copies.append((rec.ptrs[i], p, rec.staged[i][1]))
+            return self._replay(rec, args, copies)
+
+    @property
+    def __globals__(self) -> dict:
+        """The wrapped wrapper's globals (its kernel handles), for tools that look inside an
+        artifact's `call` (bench/gpu.py, the report's kernel timing); a replay calls none of them."""
+        return self.call.__globals__
+
+    def _replay(self, rec, args, copies):
+        try:
+            for dst, src, nbytes in copies:
+                if nbytes:
+                    _DRIVER.copy(dst, src, nbytes)
+            rec.graph.replay()
+        except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
+            self._break("replaying", e)
+            return self._direct(args)
+        self.cell.value += 1          # every output of earlier replays is now overwritten
+        self.stats["replays"] += 1
+        self.stats["copies"] += len(copies)
+        return rec.outputs(self.cell, self.name)
+
+    def _direct(self, args):
+        self.stats["direct"] += 1
+        return self.call(args)
+
+    def _note(self, what: str, text: str) -> None:
+        if what not in self.noted:
+            self.noted.add(what)
+            if self.log is not None:
+                self.log("cudagraphs", self.name, text)
+
+    def _slow(self, args):
+        """No recording yet, or condition 2 failed: warm up, record (again), or run directly."""
+        if self.broken is not None or not self.warmed:
+            self.warmed = True
+            return self._direct(args)
+        rec = self.rec
+        if rec is not None:
+            why = self._mismatch(rec, args)
+            if why is not None:
+                self._note(why, f"{self.name}: {why}; this call runs the compiled code directly")
+                return self._direct(args)
+            moved = {i for i, t in enumerate(args) if i not in rec.staged and t.data_ptr() != rec.ptrs[i]}
+            self._note("moved", f"{self.name}: input(s) {sorted(moved)} moved since recording; from now "
+                       "on they are copied into graph-owned buffers before each replay")
+            self.staged_positions |= moved
+        return self._record(args)
+
+    def _mismatch(self, rec, args) -> str | None:
+        if len(args) != rec.n:
+            return f"condition 2: {len(args)} inputs, recorded with {rec.n}"
+        for i, t in enumerate(args):
+            if t._meta.shape != rec.shapes[i] or t._meta.stride != rec.strides[i]:
+                return (f"condition 2: input {i} has size {tuple(t.shape)} and stride {tuple(t.stride())}, "
+                        f"recorded with {rec.shapes[i]} and {rec.strides[i]}")
+            if i in self.mutated and i not in rec.staged and t.data_ptr() != rec.ptrs[i]:
+                return (f"condition 2: input {i}, which the function writes to, moved (its write "
+                        "must reach the caller's tensor, so it is not copied)")
+        return None
+
+    def _record(self, args):
+        old, self.rec = self.rec, None
+        if old is not None:
+            old.close()
+        try:
+            with _RECORD_LOCK:
+                rec = self._record_in_pool(args)
+        except Exception as e:  # noqa: BLE001
+            self._break("recording", e)
+            return self._direct(args)
+        self.rec = rec
+        self.stats["records"] += 1
+        self._note("recorded", f"{self.name}: recorded a CUDA graph ({rec.n} inputs, "
+                   f"{len(rec.staged)} copied into graph-owned buffers each call)")
+        copies = [(rec.ptrs[i], t.data_ptr(), rec.staged[i][1]) for i, t in enumerate(args) if i in rec.staged]
+        return self._replay(rec, args, copies)
+
+    def _record_in_pool(self, args):
+        """Record in the shared pool; again in a pool of its own if its outputs would land on
+        memory another live graph writes."""
+        key = object()
+        rec = record(self.call, args, self.staged_positions, _DRIVER.pool(), key)
+        if rec.pool is not None and rec.pool.conflicts(key, rec.owned_ptrs()):
+            rec.close()
+            self._note("private", f"{self.name}: its outputs would share memory another graph "
+                       "writes; recorded in a pool of its own")
+            rec = record(self.call, args, self.staged_positions, _DRIVER.pool(private=True), key)
+        return rec
+
+    def _break(self, what: str, e: Exception) -> None:
+        """The fallback state: report the driver's error once, run directly from now on."""
+        self.broken = f"{type(e).__name__}: {e}"
+        if self.rec is not None:
+            self.rec.close()
+            self.rec = None
+        text = (f"{self.name}: {what} the CUDA graph failed ({self.broken}); running the compiled "
+                "code directly from now on")
+        self._note("broken", text)
+        warnings.warn(f"stax.compile(mode='reduce-overhead'): {text}", RuntimeWarning, stacklevel=4)
+
+    def release(self) -> None:
+        """Give the graph and its memory back now (also done when this object is collected)."""
+        rec, self.rec = self.rec, None
+        if rec is not None:
+            rec.close()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown
+            pass
+
+
+# ---- §9.9 The entry: which artifacts are wrapped ----
+
+_CPU_NOTED = [False]
+
+
+def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
+    """`call` wrapped for replay from a CUDA graph (mode='reduce-overhead'), or `call` itself
+    when §9.9 does not apply, with a `cudagraphs` log line saying why."""
+    if not str(device).startswith("cuda"):
+        if not _CPU_NOTED[0]:
+            _CPU_NOTED[0] = True
+            log("cudagraphs", name, "mode='reduce-overhead' on the CPU: CUDA graphs are a GPU "
+                "feature; the compiled C++ code runs as usual")
+        return call
+    if dynamic:
+        log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: dynamic mode (§10.4) "
+            "serves many shapes from one artifact, and a graph replays one fixed shape")
+        return call
+    if not module.kernels:
+        log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: it launches no kernel")
+        return call
+    reasons = static_reasons(graph, module)
+    if reasons:
+        log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph:\n  " + "\n  ".join(reasons))
+        return call
+    why = _DRIVER.unavailable()
+    if why is not None:
+        log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: {why}")
+        return call
+    return GraphedCall(call, name, mutated_positions(graph), log)

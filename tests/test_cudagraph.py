@@ -1,0 +1,480 @@
+"""§9.9 CUDA graphs (stax/cudagraph.py): `stax.compile(mode="reduce-overhead")`.
+
+CPU tests run everywhere with a FAKE driver (`FakeDriver`): its "capture" records the kernel
+launches the artifact makes (`CachingAutotuner.run`) without running them, and its "replay" runs
+that launch list again on the recorded buffers -- what a CUDA graph does, so the recording logic,
+condition 2, the copies into recorded inputs, the fallback state and the overwritten-output error
+are all covered without a GPU. `GraphPool` is tested against a fake backing allocator. Tests
+marked `gpu` use the real driver and skip cleanly without a GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import stax
+from conftest import assert_close
+from stax import cuda, cudagraph, triton_heuristics
+
+HAVE_GPU = cuda.is_available() and not cuda.interpreting()
+ORIGINAL_RUN = triton_heuristics.CachingAutotuner.run
+
+
+# ---- the fake driver ----
+
+
+class FakeGraph:
+    def __init__(self, driver):
+        self.driver, self.launches = driver, None
+
+    def __enter__(self):
+        self.driver.graphs += 1
+        recorded = self._recorded = []
+
+        def record_launch(kernel, *args, stream=None):     # captured, not run (as on a stream)
+            recorded.append((kernel, args))
+        triton_heuristics.CachingAutotuner.run = record_launch
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        triton_heuristics.CachingAutotuner.run = ORIGINAL_RUN
+        if exc_type is None:
+            if self.driver.fail_record:
+                raise cuda.CudaError(900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "cuStreamEndCapture")
+            self.launches = self._recorded
+        return False
+
+    def replay(self):
+        if self.driver.fail_replay:
+            raise cuda.CudaError(719, "CUDA_ERROR_LAUNCH_FAILED", "cuGraphLaunch")
+        self.driver.replays += 1
+        for kernel, args in self.launches:
+            ORIGINAL_RUN(kernel, *args)
+
+
+class FakeDriver:
+    def __init__(self):
+        self.graphs = self.replays = self.copies = 0
+        self.fail_record = self.fail_replay = False
+
+    def unavailable(self):
+        return None
+
+    def graph(self):
+        return FakeGraph(self)
+
+    def copy(self, dst, src, nbytes):
+        self.copies += 1
+        if cuda.interpreting():
+            ctypes.memmove(dst, src, nbytes)
+        else:
+            cuda.copy_device_to_device(dst, src, nbytes)
+
+    def pool(self, private=False):
+        return None
+
+
+@pytest.fixture
+def fake():
+    driver = FakeDriver()
+    old = cudagraph.set_driver(driver)
+    try:
+        yield driver
+    finally:
+        cudagraph.set_driver(old)
+        triton_heuristics.CachingAutotuner.run = ORIGINAL_RUN
+
+
+def graphed(cf):
+    """The GraphedCall of a compiled function's one artifact (None: not wrapped)."""
+    (entry,) = cf.artifacts.values()
+    call = entry[0]
+    return call if isinstance(call, cudagraph.GraphedCall) else None
+
+
+def chain(x, w):
+    return stax.sin(x) + x.sum(-1, keepdim=True) * 1e-3 * w
+
+
+def chain_ref(x, w):
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    return np.sin(x) + x.sum(-1, keepdims=True) * 1e-3 * w
+
+
+def cuda_randn(rng, *shape):
+    return stax.from_numpy(rng.standard_normal(shape).astype(np.float32)).to("cuda")
+
+
+# ---- recording and replay, condition 2 ----
+
+
+def test_replay_equals_eager_as_input_values_change(fake, rng):
+    x, w = cuda_randn(rng, 7, 33), cuda_randn(rng, 33)
+    cf = stax.compile(chain, mode="reduce-overhead")
+    for step in range(4):
+        x.copy_(stax.from_numpy(rng.standard_normal((7, 33)).astype(np.float32)))   # same address
+        out = cf(x, w)
+        assert_close(out.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    g = graphed(cf)
+    assert g is not None and any(k.startswith("triton_") for k in g.__globals__)
+    assert g.stats == {"direct": 1, "records": 1, "replays": 3, "copies": 0}
+    assert fake.graphs == 1 and fake.replays == 3
+
+
+def test_new_addresses_are_copied_into_recorded_inputs(fake, rng):
+    cf = stax.compile(chain, mode="reduce-overhead")
+    w = cuda_randn(rng, 33)
+    first = cuda_randn(rng, 7, 33)
+    keep = first.cpu().numpy().copy()
+    cf(first, w)
+    cf(first, w)                          # recorded at first's address
+    for _ in range(3):
+        x = cuda_randn(rng, 7, 33)        # a new batch tensor: a new address each call
+        assert_close(cf(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    g = graphed(cf)
+    assert fake.graphs == 2               # recorded again once, reading a graph-owned copy of x
+    assert sorted(g.rec.staged) == [0]
+    assert g.stats["copies"] == 3 and g.stats["direct"] == 1
+    np.testing.assert_array_equal(first.cpu().numpy(), keep)      # the caller's tensor is untouched
+
+
+@pytest.mark.parametrize("layout", ["transposed", "broadcast", "sliced"])
+def test_copies_of_strided_inputs(fake, rng, layout):
+    base = rng.standard_normal((9, 12)).astype(np.float32)
+
+    def make(a):
+        t = stax.from_numpy(a).to("cuda")
+        if layout == "transposed":
+            return t.t()[:7]
+        if layout == "broadcast":
+            return t[0].expand(7, 12)
+        return t[1:8, ::2]
+    f = stax.compile(lambda x: stax.exp(x) * 2 + x.sum(0), mode="reduce-overhead")
+    for k in range(4):                     # warm-up, record, then two new addresses (copies)
+        a = base + k
+        x = make(a)
+        ref = np.exp(np.asarray(x.cpu(), np.float64)) * 2 + np.asarray(x.cpu(), np.float64).sum(0)
+        assert_close(f(x).cpu(), ref, stax.float32)
+    assert graphed(f).stats["copies"] == 2
+
+
+def test_condition_2_count_and_layout_run_directly(fake, rng):
+    inner = stax.compile(lambda x: stax.cos(x) * 3)
+    g = cudagraph.GraphedCall(lambda args: (inner(*args),), "inner")
+    x = cuda_randn(rng, 5, 6)
+    for _ in range(3):
+        (out,) = g([x])
+    assert g.stats["replays"] == 2
+    y = cuda_randn(rng, 6, 5)              # another shape: condition 2 fails, run directly
+    (out,) = g([y])
+    assert_close(out.cpu(), np.cos(np.asarray(y.cpu(), np.float64)) * 3, stax.float32)
+    z = cuda_randn(rng, 5, 6).t().contiguous().t()    # same shape, other strides
+    assert z.stride() != x.stride()
+    (out,) = g([z])
+    assert_close(out.cpu(), np.cos(np.asarray(z.cpu(), np.float64)) * 3, stax.float32)
+    assert g.stats["direct"] == 3 and g.stats["records"] == 1
+    with pytest.raises(TypeError):          # a different argument count also runs directly
+        g([x, x])
+    (out,) = g([x])                        # the recording still serves the recorded layout
+    assert g.stats["replays"] == 3
+
+
+def test_bfloat16_and_default_mode(fake, rng):
+    a, b = rng.standard_normal((5, 24)), rng.standard_normal(24)
+    x = stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16)
+    w = stax.from_numpy(b.astype(np.float32)).to("cuda").to(stax.bfloat16)
+    f = stax.compile(chain, mode="reduce-overhead")
+    plain = stax.compile(chain)
+    for _ in range(3):
+        out = f(x, w)
+        assert out.dtype is stax.bfloat16
+        assert_close(out.float().cpu(), chain_ref(x.float().cpu(), w.float().cpu()), stax.bfloat16)
+        np.testing.assert_array_equal(out.float().cpu().numpy(), plain(x, w).float().cpu().numpy())
+    assert graphed(f).stats["replays"] == 2 and graphed(plain) is None
+
+
+def test_special_values_and_empty(fake):
+    a = np.array([[0.0, -0.0, np.inf], [-np.inf, np.nan, 1e-30]], np.float32)
+    f = stax.compile(lambda x: stax.sin(x) + x.sum(-1, keepdim=True), mode="reduce-overhead")
+    x = stax.from_numpy(a).to("cuda")
+    for _ in range(3):
+        out = f(x).cpu().numpy()
+    ref = np.sin(a.astype(np.float64)) + a.astype(np.float64).sum(-1, keepdims=True)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    empty = stax.from_numpy(np.zeros((0, 4), np.float32)).to("cuda")
+    g = stax.compile(lambda x: x * 2, mode="reduce-overhead")
+    for _ in range(3):
+        assert g(empty).shape == (0, 4)
+
+
+def test_input_written_in_place(fake, rng):
+    def bump(x, y):
+        x.add_(y)
+        return x * 2
+    f = stax.compile(bump, mode="reduce-overhead")
+    x, y = cuda_randn(rng, 4, 5), cuda_randn(rng, 4, 5)
+    expect = np.asarray(x.cpu(), np.float64)
+    for _ in range(4):                     # the write reaches the caller's x on every replay
+        out = f(x, y)
+        expect = expect + np.asarray(y.cpu(), np.float64)
+        assert_close(x.cpu(), expect, stax.float32)
+        assert_close(out.cpu(), expect * 2, stax.float32)
+    x2 = cuda_randn(rng, 4, 5)             # moved: not copied (the write must reach x2): direct
+    ref = np.asarray(x2.cpu(), np.float64) + np.asarray(y.cpu(), np.float64)
+    out = f(x2, y)
+    assert_close(x2.cpu(), ref, stax.float32)
+    assert_close(out.cpu(), ref * 2, stax.float32)
+    assert graphed(f).stats["direct"] == 2
+
+
+# ---- memory: outputs are overwritten by the next replay ----
+
+
+def test_reading_an_overwritten_output_raises(fake, rng):
+    f = stax.compile(chain, mode="reduce-overhead")
+    x, w = cuda_randn(rng, 6, 10), cuda_randn(rng, 10)
+    f(x, w)
+    first = f(x, w)                        # a replay's output
+    kept = first.clone()
+    second = f(x, w)
+    with pytest.raises(cudagraph.OverwrittenOutputError, match=r"\.clone\(\)"):
+        first.cpu()
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        f(first, w)                        # nor may it be passed back in
+    assert_close(kept.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    assert_close(second.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+
+
+def test_output_fed_back_as_input(fake, rng):
+    f = stax.compile(lambda x: stax.sin(x) * 0.5 + 0.1, mode="reduce-overhead")
+    x = cuda_randn(rng, 3, 17)
+    ref = np.asarray(x.cpu(), np.float64)
+    for _ in range(5):                     # y = f(y): copied into the recorded input, then replayed
+        x = f(x)
+        ref = np.sin(ref) * 0.5 + 0.1
+    assert_close(x.cpu(), ref, stax.float32)
+
+
+def test_an_output_passed_twice_is_checked_each_time(fake, rng):
+    f = stax.compile(lambda x: stax.cos(x) + 1, mode="reduce-overhead")
+    x = cuda_randn(rng, 4, 9)
+    f(x)
+    y = f(x)
+    z = f(y)                               # y is current: copied in, then overwritten by the replay
+    assert_close(z.cpu(), np.cos(np.cos(np.asarray(x.cpu(), np.float64)) + 1) + 1, stax.float32)
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        f(y)
+
+
+# ---- the fallback state ----
+
+
+@pytest.mark.parametrize("failing", ["record", "replay"])
+def test_driver_failure_falls_back_once(fake, rng, failing, monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    setattr(fake, f"fail_{failing}", True)
+    f = stax.compile(chain, mode="reduce-overhead")
+    x, w = cuda_randn(rng, 5, 8), cuda_randn(rng, 8)
+    f(x, w)
+    with pytest.warns(RuntimeWarning, match="CUDA_ERROR_"):
+        out = f(x, w)
+    assert_close(out.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    for _ in range(2):
+        x = cuda_randn(rng, 5, 8)
+        assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    g = graphed(f)
+    assert g.broken is not None and g.rec is None and fake.graphs == 1
+    assert g.stats["direct"] == 4
+    assert capsys.readouterr().err.count("failed (CudaError") == 1
+
+
+# ---- conditions 1 and 3: what is never wrapped, and why ----
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: x.cumsum(0) * 2, "fallback kernel 'cumsum'"),
+    (lambda x: stax.nonzero(x > 0), "depends on the data"),
+    (lambda x: (x.to(stax.int64) @ x.t().to(stax.int64)) + 1, "fallback kernel 'matmul'"),
+])
+def test_static_conditions_reject(fake, rng, monkeypatch, capsys, fn, why):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    x = cuda_randn(rng, 4, 4)
+    f = stax.compile(fn, mode="reduce-overhead")
+    out = f(x)
+    assert out.shape == fn(x).shape
+    assert graphed(f) is None and fake.graphs == 0
+    err = capsys.readouterr().err
+    assert "is not wrapped in a CUDA graph" in err and why in err
+
+
+def test_nothing_to_replay(fake, rng):
+    f = stax.compile(lambda x: x.t(), mode="reduce-overhead")
+    x = cuda_randn(rng, 2, 3)
+    for _ in range(3):
+        assert f(x).shape == (3, 2)
+    assert graphed(f) is None and fake.graphs == 0
+
+
+def test_condition_3_other_device():
+    node = SimpleNamespace(name="arg0_1", meta=SimpleNamespace(device="cpu"))
+    graph = SimpleNamespace(inputs=[node], unbacked={}, mutations=[])
+    reasons = cudagraph.static_reasons(graph, SimpleNamespace(wrapper="def call(args):\n"))
+    assert reasons == ["condition 3: input arg0_1 is on cpu, not the GPU"]
+
+
+def test_dynamic_mode_records_no_graph(fake, rng, monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    f = stax.compile(chain, mode="reduce-overhead", dynamic=True)
+    w = cuda_randn(rng, 9)
+    for n in (3, 5, 5):
+        x = cuda_randn(rng, n, 9)
+        assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    assert fake.graphs == 0
+    assert "dynamic mode" in capsys.readouterr().err
+
+
+def test_unknown_mode_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="'reduce-overhead'.*'max-autotune-no-cudagraphs'"):
+        stax.compile(chain, mode="reduce_overhead")
+
+
+def test_cpu_says_so_once(monkeypatch, capsys, rng):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    monkeypatch.setattr(cudagraph, "_CPU_NOTED", [False])
+    f = stax.compile(lambda x: x * 2 + 1, mode="reduce-overhead")
+    g = stax.compile(lambda x: x - 1, mode="reduce-overhead")
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    assert_close(f(stax.from_numpy(a)), a.astype(np.float64) * 2 + 1, stax.float32)
+    assert_close(g(stax.from_numpy(a)), a.astype(np.float64) - 1, stax.float32)
+    assert capsys.readouterr().err.count("on the CPU") == 1
+
+
+@pytest.mark.skipif(not cuda.interpreting(), reason="only under TRITON_INTERPRET=1")
+def test_interpreter_without_a_driver_is_logged(monkeypatch, capsys, rng):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    f = stax.compile(lambda x: x * 3, mode="reduce-overhead")
+    x = cuda_randn(rng, 2, 3)
+    assert_close(f(x).cpu(), np.asarray(x.cpu(), np.float64) * 3, stax.float32)
+    assert "interpreter" in capsys.readouterr().err and graphed(f) is None
+
+
+# ---- GraphPool against a fake backing allocator ----
+
+
+class FakeBacking:
+    def __init__(self):
+        self.next, self.live = 1 << 20, {}
+
+    def allocate(self, size):
+        ptr, self.next = self.next, self.next + size
+        self.live[ptr] = size
+        return cuda.DeviceBuffer(ptr, size, size, self)
+
+    def release(self, ptr, size):
+        del self.live[ptr]
+
+
+def test_allocations_come_from_the_pool_while_recording():
+    pool = cudagraph.GraphPool(FakeBacking())
+    pool.join("g")
+    with cuda.allocating_from(pool):
+        buf = cuda.allocate(300)
+        with cuda.allocating_from(None):           # nested: back to the caching allocator's route
+            assert getattr(cuda._POOL, "pool", None) is None
+        assert buf._alloc is pool and buf.block_size == cuda.round_size(300)
+    assert getattr(cuda._POOL, "pool", None) is None
+    ptr = buf.ptr
+    buf.free()
+    assert pool.free == {cuda.round_size(300): [ptr]}
+    pool.leave("g")
+    assert pool.free == {} and pool.reserved == {}
+
+
+def test_pool_shares_scratch_and_detects_conflicts():
+    backing = FakeBacking()
+    pool = cudagraph.GraphPool(backing)
+    a, b = object(), object()
+    pool.join(a)
+    pool.owner = a
+    scratch = pool.allocate(1000)
+    out_a = pool.allocate(1000)
+    scratch_ptr = scratch.ptr
+    scratch.free()                          # dead by the end of a's replay: back to the pool
+    pool.owner = None
+    assert pool.conflicts(a, [out_a.ptr]) == []
+    pool.join(b)
+    pool.owner = b
+    reused = pool.allocate(1000)            # b reuses a's scratch block
+    assert reused.ptr == scratch_ptr and len(backing.live) == 2
+    pool.owner = None
+    assert pool.conflicts(b, [reused.ptr]) == [scratch_ptr]     # as b's output it would clash
+    reused.free()
+    pool.leave(b)
+    pool.leave(a)
+    assert list(backing.live) == [out_a.ptr]     # free blocks went back; a held output stays
+    out_a.free()
+    assert backing.live == {}
+
+
+# ---- on a GPU ----
+
+gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs an NVIDIA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_1000_replays_equal_the_artifact(rng):
+    plain = stax.compile(chain)
+    graph = stax.compile(chain, mode="reduce-overhead")
+    w = cuda_randn(rng, 64)
+    x = cuda_randn(rng, 64, 64)
+    for step in range(1000):
+        if step % 2:
+            x.copy_(stax.from_numpy(rng.standard_normal((64, 64)).astype(np.float32)))
+        else:
+            x = cuda_randn(rng, 64, 64)
+        got = graph(x, w).cpu().numpy()
+        np.testing.assert_array_equal(got, plain(x, w).cpu().numpy())
+    g = graphed(graph)
+    assert g.stats["replays"] >= 997 and g.broken is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_two_graphs_share_a_pool(rng):
+    f = stax.compile(chain, mode="reduce-overhead")
+    g = stax.compile(lambda x: stax.exp(x) * 0.5 - x.sum(0), mode="reduce-overhead")
+    x, w = cuda_randn(rng, 33, 65), cuda_randn(rng, 65)
+    for _ in range(4):
+        a, b = f(x, w), g(x)
+        assert_close(a.cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+        ref = np.exp(np.asarray(x.cpu(), np.float64)) * 0.5 - np.asarray(x.cpu(), np.float64).sum(0)
+        assert_close(b.cpu(), ref, stax.float32)
+    pools = {id(graphed(f).rec.pool), id(graphed(g).rec.pool)}
+    assert graphed(f).stats["replays"] == graphed(g).stats["replays"] == 3
+    assert len(pools) == 1 or "private" in graphed(g).noted
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_graph_memory_released(rng):
+    gc.collect()
+    before = cuda.memory_stats()["allocated_bytes"]
+    f = stax.compile(chain, mode="reduce-overhead")
+    x, w = cuda_randn(rng, 256, 256), cuda_randn(rng, 256)
+    base = cuda.memory_stats()["allocated_bytes"]
+    for _ in range(5):
+        out = f(x, w)
+    cuda.synchronize()
+    assert graphed(f).stats["replays"] == 4
+    assert cuda.memory_stats()["allocated_bytes"] > base
+    del f, out
+    gc.collect()
+    assert cuda.memory_stats()["allocated_bytes"] == base
+    del x, w
+    gc.collect()
+    assert cuda.memory_stats()["allocated_bytes"] == before
