@@ -69,6 +69,7 @@ class ArtifactInfo:
     bound: int
     guards: list = field(default_factory=list)
     recompiles: list = field(default_factory=list)
+    cudagraphs: list = field(default_factory=list)     # §9.9: recorded, replayed, or why not
 
 
 @dataclass
@@ -105,8 +106,8 @@ class Recorder:
             current["printers"] = printer.collect_printers(True)
             self.by_function.setdefault(title, []).append(current)
             self.pending[title] = {}
-        elif stage in ("guards",) and self.by_function.get(title):
-            self.by_function[title][-1].setdefault("guards", []).append(payload)
+        elif stage in ("guards", "cudagraphs") and self.by_function.get(title):
+            self.by_function[title][-1].setdefault(stage, []).append(payload)
         elif stage == "recompiles":
             current.setdefault("recompiles", []).append(payload)
         else:
@@ -499,7 +500,7 @@ def explain_functions(functions, recorder: Recorder, timing: bool = True,
                                                   seconds if i == len(recorded) - 1 else {})
             arts.append(ArtifactInfo(f"artifact {i + 1}", r.get("graph", ""), r.get("ir", ""),
                                      r.get("schedule", ""), gen.wrapper, kernels, moved, bound,
-                                     r.get("guards", []), r.get("recompiles", [])))
+                                     r.get("guards", []), r.get("recompiles", []), r.get("cudagraphs", [])))
         out.append(FunctionInfo(name, _where(f), dict(f.stats), arts))
     return Explanation(out, measure_roofs(device) if timing else None, device)
 

@@ -202,6 +202,7 @@ def _artifact_html(f, a) -> str:
             f"{_traffic_table(a)}"
             f"<h4>Guards</h4>{guards}"
             + (f"<h4>Why it was compiled again</h4><ul>{recompiles}</ul>" if recompiles else "")
+            + (f"<h4>CUDA graphs (§9.9)</h4>{''.join(_pre(c) for c in a.cudagraphs)}" if a.cudagraphs else "")
             + f"<div class='cols'><div><h4>Captured graph</h4>{_pre(a.graph)}</div>"
             f"<div><h4>Loop-level IR</h4>{_pre(a.ir)}</div></div>"
             f"<h4>Schedule</h4>{_pre(a.schedule)}"

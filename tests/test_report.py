@@ -92,6 +92,14 @@ def test_explain_shows_recompiles_and_guards_of_each_artifact():
     check_page(page)
 
 
+def test_explain_says_what_cuda_graphs_did():
+    f = stax.compile(relu_sum, mode="reduce-overhead")
+    e = stax.explain(f, stax.randn(4, 8), stax.randn(4, 8), timing=False)
+    (art,) = e.functions[0].artifacts
+    assert art.cudagraphs and "CPU" in art.cudagraphs[0]
+    assert "CUDA graphs (§9.9)" in e.to_html()
+
+
 def test_explain_of_a_fallback_and_a_split_reduction():
     a, b = stax.randn(16, 24), stax.randn(24, 8)
     e = stax.explain(lambda a, b: stax.relu(a @ b), a, b)
