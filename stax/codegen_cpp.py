@@ -37,7 +37,7 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .ir import (Reduction, compute_dtype, index_vars, merge_dims, reduction_identity, set_handler,
+from .ir import (Reduction, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
                  simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
@@ -185,6 +185,17 @@ class CppPrinter(Printer):
     def where(self, c, a, b):
         return self.emit(f"{c} ? {a} : {b}", a.dtype)
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """A loaded integer as an index: wrapped when negative, checked against [0, size) (an
+        error bit and the failing index for the wrapper's IndexError, cpp_prelude.h)."""
+        raw = self.emit(f"static_cast<int64_t>({value})", int64)
+        n = self.kernel.index(size)
+        v = self.emit(f"({raw} < 0 ? {raw} + {n} : {raw})", int64) if wrap_neg else raw
+        if check:
+            site = self.kernel.index_site(where)
+            v = self.emit(f"stax_check_index({v}, {n}, {raw}, {site})", int64)
+        return indirect_symbol(v.name)
+
     def masked(self, mask, body, other):
         """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere)."""
         inner = CppPrinter(self.kernel, self.counter)
@@ -265,6 +276,16 @@ class CppKernel:
         self.counter = [0]
         self.target = {w: i for i, w in sched.lowered.mutations}   # write-back -> input it updates
         self.errors: set = set()       # KERNEL_ERRORS entries this kernel may raise at run time
+        self.index_sites: list = []    # messages of its checked indirect indices (site = position)
+
+    def index_site(self, where) -> int:
+        """Register an indirect index's error message; the wrapper raises IndexError with it."""
+        self.index_sites.append(where or "index {} is out of bounds with size {}")
+        messages = tuple(self.index_sites)
+        fmt = (f"IndexError({messages!r}[kernels.stax_index_error_info(2)].format("
+               "kernels.stax_index_error_info(0), kernels.stax_index_error_info(1)))")
+        self.errors = {e for e in self.errors if e[0] != 4} | {(4, fmt)}
+        return len(self.index_sites) - 1
 
     def final(self, expr):
         """An index expression over the printed loops: simplified, merged loops substituted."""
@@ -776,7 +797,7 @@ class CppModule:
 KERNEL_ERRORS = {"floordiv": (1, 'RuntimeError("ZeroDivisionError")'),
                  "remainder": (1, 'RuntimeError("ZeroDivisionError")'),
                  "pow": (2, 'ValueError("Integers to negative integer powers are not allowed.")')}
-_TAKE_ERRORS = "int stax_take_errors(void);"
+_TAKE_ERRORS = "int stax_take_errors(void);\nint64_t stax_index_error_info(int k);"
 
 
 def _error_checks(errors, cdefs) -> list:

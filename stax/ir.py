@@ -10,11 +10,12 @@ A computed buffer is described *define-by-run*: its body is a Python function `i
 installs an ops handler with `set_handler` and runs it. The IR printer (`format_ir`) prints the calls
 (Listing 6.2's form); `LoadCollector` and `IndexCollector` only record what a body reads; the code
 generators print C++ or Triton. Which `ops.<name>` exist is op_table.OPS (`OpDef.ops_name`), plus
-load, constant, index_expr, to_dtype, where and masked.
+load, constant, index_expr, to_dtype, where, masked and indirect_indexing.
 
 Where to look:
   - `ops`, `set_handler` .................... the virtualized `ops.*` calls and swapping handlers
   - `index_vars`, `FloorDiv`, `ModularIndexing` index expressions (loop variables, //, %)
+  - `ops.indirect_indexing`, `indirect_symbol` a loaded integer as an index (gathers, scatters)
   - `index_bounds`, `simplify_index` ........ §6.8 interval reasoning over loop ranges
   - `Layout`, `InputBuffer`, `Pointwise`, `Reduction`, `ExternKernel`, `ReinterpretView`,
     `LoweredGraph` .......................... the IR nodes and the lowered graph
@@ -56,6 +57,23 @@ class _Ops:
     def __getattr__(self, name):
         return getattr(_current.handler, name)
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """§6 indirect indexing (Inductor's name): a loaded integer `value` as an index symbol.
+
+        The symbol may appear in any index expression of the body (`ops.load(x, 64*ind + i1)`).
+        A code generator binds it to the kernel variable holding the value, wrapped by `size` when
+        negative (`wrap_neg`, as eager) and checked against [0, size) (`check`); `where` is the
+        error message, with `{}` for the index and the size ("index_select(): index {} is out of
+        bounds for dimension 0 with size {}"). A handler
+        that only records loads or indices (no method of its own) gets a fresh symbol `indN`:
+        an index the loop variables do not determine, so no analysis mistakes it for one."""
+        h = _current.handler
+        if getattr(type(h), "indirect_indexing", None) is not None:
+            return h.indirect_indexing(value, size, check, wrap_neg, where)
+        n = h.__dict__.get("_indirect_count", 0)
+        h.__dict__["_indirect_count"] = n + 1
+        return indirect_symbol(f"ind{n}")
+
 
 ops = _Ops()
 
@@ -82,6 +100,11 @@ Expr = sympy.Expr
 def index_vars(prefix: str, n: int) -> list[sympy.Symbol]:
     """Loop variables i0, i1, ... (pointwise) or r0_0, r0_1, ... (reduction); all non-negative ints."""
     return [sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n)]
+
+
+def indirect_symbol(name: str) -> sympy.Symbol:
+    """An index bound to a loaded value (ops.indirect_indexing): non-negative once wrapped."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 class FloorDiv(sympy.Function):
@@ -345,6 +368,12 @@ class IRPrinter:
         def call(*args):
             return self._emit(f"ops.{name}({', '.join(_fmt(a) for a in args)})")
         return call
+
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        name = f"ind{self.n}"
+        self.n += 1
+        self.lines.append(f"{name} = ops.indirect_indexing({value}, {size})")
+        return indirect_symbol(name)
 
     def masked(self, mask, body, other):
         inner = IRPrinter()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from dataclasses import dataclass
 
 import re
@@ -34,7 +35,7 @@ import sympy
 
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
-from .ir import Reduction, index_vars, merge_dims, set_handler, simplify_index
+from .ir import Reduction, index_vars, indirect_symbol, merge_dims, set_handler, simplify_index
 from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
 
@@ -103,6 +104,11 @@ class TritonIndexPrinter(IndexPrinter):
 
 _INDEX = TritonIndexPrinter()
 texpr = _INDEX.expr
+
+
+def debug_index_checks() -> bool:
+    """STAX_DEBUG_INDEX=1: GPU kernels assert that indirect indices are in bounds (§9.1)."""
+    return os.environ.get("STAX_DEBUG_INDEX", "") == "1"
 
 
 # ---- §9.3 Tiling ----
@@ -266,6 +272,23 @@ class TritonPrinter(Printer):
     def where(self, c, a, b):
         return self.emit(f"tl.where({c}, {a}, {b})", a.dtype)
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """A loaded integer as an index: wrapped when negative; checked only in debug mode
+        (STAX_DEBUG_INDEX=1: a `tl.device_assert`, compiled with Triton's debug option). Otherwise
+        an out-of-range index is not checked on the GPU: the access is undefined (it may read
+        other memory or fault), as in Triton and Inductor without their debug options."""
+        n = texpr(self.k.final(size))
+        v = self.emit(f"tl.where({value} < 0, {value} + {n}, {value})", value.dtype) if wrap_neg else value
+        if check and debug_index_checks():
+            masks = [f"{a.prefix}mask" for a in self.k.axes if f"{a.prefix}mask" not in self.k.always_true]
+            cond = f"(0 <= {v}) & ({v} < {n})"
+            if masks + self.masks:
+                cond = f"({cond}) | ~({' & '.join(masks + self.masks)})"
+            self.lines.append(f'tl.device_assert({cond}, "index out of bounds: 0 <= {v} < {n}")')
+        sym = indirect_symbol(v.name)
+        self.k.indirect.add(sym)
+        return sym
+
     def masked(self, mask, body, other):
         """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
         self.masks.append(str(mask))
@@ -340,6 +363,8 @@ class TritonKernel:
         self.reduction = group.kind == "reduction"
         self.target = {w: i for i, w in sched.lowered.mutations}
         self.rvars_printed = set()
+        self.indirect = set()                         # symbols bound by ops.indirect_indexing
+        self.always_true = set()                      # masks known true (set by the kernel forms)
         self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
         self.row_read_again = False                   # a later looped pass reads the row again
         self.force_form = None                        # 'red': print the looped form of a group
@@ -375,6 +400,9 @@ class TritonKernel:
 
     def mask_for(self, expr, extra=()) -> str:
         used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
+        if expr.free_symbols & self.indirect:
+            # an index loaded from memory is garbage in masked-off lanes: every axis' mask
+            used = {a.prefix for a in self.axes}
         masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
         return " & ".join(masks + list(extra))
 
