@@ -37,7 +37,7 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .ir import (Reduction, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
+from .ir import (Reduction, Scatter, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
                  simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
@@ -277,6 +277,7 @@ class CppKernel:
         self.target = {w: i for i, w in sched.lowered.mutations}   # write-back -> input it updates
         self.errors: set = set()       # KERNEL_ERRORS entries this kernel may raise at run time
         self.index_sites: list = []    # messages of its checked indirect indices (site = position)
+        self.scatter_index: dict = {}  # ir.Scatter name -> the index it stores at (printed loads)
 
     def index_site(self, where) -> int:
         """Register an indirect index's error message; the wrapper raises IndexError with it."""
@@ -312,9 +313,13 @@ class CppKernel:
         idx, ridx = node_index(node, xvars, rvars)
         with set_handler(p):
             value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            if isinstance(node, Scatter):   # where it writes: its loaded indices, checked
+                self.scatter_index[node.name] = node.layout.index(node.output_indexer(idx))
         return p, value
 
     def store(self, node, value, xvars, rvars) -> str:
+        if isinstance(node, Scatter):
+            return self.scatter_store(node, value)
         index = self.index(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
         v = str(value)
@@ -325,6 +330,24 @@ class CppKernel:
         elif compute_dtype(node.dtype) != value.dtype:
             v = f"static_cast<{ctype(node.dtype)}>({v})"
         return f"{ptr}[{index}] = {v};"
+
+    def scatter_store(self, node, value) -> str:
+        """target[loaded index] = value, or += (index_add, scatter_add, accumulate=True): the
+        kernel's loops run serially, so duplicates add in index order and the last write wins."""
+        self.arg(node.target, read=True)    # in_out: the elements it does not write are kept
+        ptr, index = self.arg(node.target), self.index(self.scatter_index[node.name])
+        dest = f"{ptr}[{index}]"
+        v = str(value)
+        if node.mode == "atomic_add":
+            old = {float16: f"stax_f16_to_f32({dest})", bfloat16: f"stax_bf16_to_f32({dest})"}.get(node.dtype, dest)
+            v = f"{old} + {v}"
+        if node.dtype == float16:
+            v = f"stax_f32_to_f16({v})"
+        elif node.dtype == bfloat16:
+            v = f"stax_f32_to_bf16({v})"
+        elif compute_dtype(node.dtype) != value.dtype:
+            v = f"static_cast<{ctype(node.dtype)}>({v})"
+        return f"{dest} = {v};"
 
     def finish(self, loops: list) -> tuple:
         """Rename buffers to in_ptrN/out_ptrN/in_out_ptrN; return (source, cdef, param buffers)."""
@@ -416,15 +439,19 @@ def _pointwise_kernel(k: CppKernel) -> list:
         return body
     numel = _numel(sizes)
     parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
-    tile = _transpose_tile(k, xvars, names)
+    scatter = [n for n in g.nodes if isinstance(n, Scatter)]
+    tile = _transpose_tile(k, xvars, names) if not scatter else None
     if tile is not None:
         return _tiled_loops(names, sizes, tile, body, parallel)
+    if scatter:     # serial loops (writes may collide); SIMD only along an output coordinate
+        parallel = False
+        simd = _scatter_simd_ok(k, scatter[0], xvars, names[-1])
     lines, depth = [], 0
     for d, (v, s) in enumerate(zip(names, sizes)):
         inner = d == len(names) - 1
         if d == 0 and parallel:
             lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for"))
-        elif inner:
+        elif inner and (not scatter or simd):
             lines.append("    " * depth + "#pragma omp simd")
         lines.append("    " * depth + _for(v, s) + " {")
         depth += 1
@@ -432,6 +459,13 @@ def _pointwise_kernel(k: CppKernel) -> list:
     for d in range(depth - 1, -1, -1):
         lines.append("    " * d + "}")
     return lines
+
+
+def _scatter_simd_ok(k, node, xvars, inner) -> bool:
+    """A scatter's innermost loop may run as SIMD lanes when it is one coordinate of the
+    (contiguous) position written: distinct lanes then write distinct elements."""
+    e = k.final(store_index(node, xvars, []))
+    return e.coeff(inner) != 0 and not any(a.has(inner) for a in e.atoms(sympy.Function))
 
 
 def _transpose_tile(k, xvars, names):
@@ -842,6 +876,10 @@ def generate(sched) -> CppModule:
             args = [f"ptr({pyname(p)})" for p in params] + [pyname(s) for s in syms]
             call.append(f"kernels.{pyname(k.name)}({', '.join(args)})")
             call += _error_checks(k.errors, cdefs)
+            for n in g.nodes:          # a scatter's result is the memory it wrote into
+                if isinstance(n, Scatter):
+                    call.append(f"{pyname(n.name)} = {pyname(n.target)}")
+                    new.add(n.name)
         allocated |= new
         calls.append((g.index, call, new))
     return CppModule(kernels, _wrapper(sched, calls), cdefs, sched)

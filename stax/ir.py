@@ -17,7 +17,7 @@ Where to look:
   - `index_vars`, `FloorDiv`, `ModularIndexing` index expressions (loop variables, //, %)
   - `ops.indirect_indexing`, `indirect_symbol` a loaded integer as an index (gathers, scatters)
   - `index_bounds`, `simplify_index` ........ §6.8 interval reasoning over loop ranges
-  - `Layout`, `InputBuffer`, `Pointwise`, `Reduction`, `ExternKernel`, `ReinterpretView`,
+  - `Layout`, `InputBuffer`, `Pointwise`, `Scatter`, `Reduction`, `ExternKernel`, `ReinterpretView`,
     `LoweredGraph` .......................... the IR nodes and the lowered graph
   - `reduction_identity`, `compute_dtype` ... a reduction's identity per dtype; §6.2 half compute
   - `LoadCollector`, `IndexCollector` ....... handlers recording loads / every index (§7.1, Prop. 6.3)
@@ -252,6 +252,20 @@ class Pointwise:
     inner_fn: Callable              # index (list of Expr) -> ops value
     layout: Layout                  # where results are stored (contiguous, or an input's layout when writing back)
     origins: list = field(default_factory=list)   # names of graph nodes computed here
+
+
+@dataclass(eq=False)
+class Scatter(Pointwise):
+    """§6 a write through loaded indices (index_put, scatter, index_add): for every index in
+    `ranges`, target[output_indexer(index)] = inner_fn(index) (`mode` "atomic_add": +=).
+
+    `output_indexer(index)` returns the position in `layout` (it may call ops.indirect_indexing,
+    so it runs under the code generator's handler, after `inner_fn`). The memory written is the
+    buffer `target`, a fresh copy of the tensor written into, computed in an earlier kernel; `name`
+    names the result, which readers load (the wrapper binds it to `target`'s memory)."""
+    output_indexer: Callable = None
+    mode: str | None = None
+    target: str = ""
 
 
 @dataclass(eq=False)

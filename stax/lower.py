@@ -14,6 +14,7 @@ Where to look:
   - broadcasting and dtype promotion ................ `_lower_pointwise`, `_half_rule`
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
   - gathers through loaded indices (index) ......... `_lower_index`, `_direct_index`
+  - scatters (index_put: a copy, then ir.Scatter) .. `_Lowering.index_put`
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
@@ -28,7 +29,7 @@ import sympy
 
 from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
-                 ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
+                 ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_bounds, index_vars, ops, reduction_identity, set_handler,
                  simplify_index)
 from .op_table import OPS, index_message
@@ -606,6 +607,8 @@ class _Lowering:
             v = _lower_scatter(node, args[0], args[1])
         elif op == "index":
             v = _lower_index(node, args[0], args[1:])
+        elif op == "index_put":
+            v = self.index_put(node, args[0], args[1], args[2:])
         elif op in REDUCTION_IDENTITY:
             v = _lower_reduction(node, args[0], self.new_name, self.emit)
         elif op in FALLBACK_OPS:
@@ -619,6 +622,23 @@ class _Lowering:
             if v.cost > self.inline_limit:
                 v = self.realize(v)
         self.env[node] = v
+
+    def index_put(self, node, x: Value, values: Value, indices) -> Value:
+        """index_put: a fresh copy of x (a kernel of its own), then an ir.Scatter writing `values`
+        into it at the loaded indices (+= with accumulate): two buffers, one memory."""
+        copy = self.new_name()
+        layout = Layout(tuple(x.shape), contiguous_strides(x.shape))
+        self.emit(Pointwise(copy, x.dtype, list(x.shape), x.loader, layout, list(x.origins) + [node.name]))
+        pos, bshape = node.params["pos"], _bshape(indices)
+        symbols_at, nb = _index_symbols(node, indices, x.shape, bshape), len(bshape)
+
+        def output_indexer(idx):
+            rest = list(idx[:pos]) + list(idx[pos + nb:])
+            return _indexed_position(node, x.shape, symbols_at(idx[pos:pos + nb]), rest)
+        name = self.new_name()
+        self.emit(Scatter(name, x.dtype, list(values.shape), values.loader, layout, [node.name],
+                          output_indexer, "atomic_add" if node.params["accumulate"] else None, copy))
+        return Value(tuple(x.shape), x.dtype, _load_from(name, x.dtype, layout), buffer=name)
 
     def fallback(self, node, args) -> Value:
         """§6.1: an ExternKernel running the eager implementation on stored inputs."""

@@ -35,7 +35,7 @@ import sympy
 
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
-from .ir import Reduction, index_vars, indirect_symbol, merge_dims, set_handler, simplify_index
+from .ir import Reduction, Scatter, index_vars, indirect_symbol, merge_dims, set_handler, simplify_index
 from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
 
@@ -364,6 +364,7 @@ class TritonKernel:
         self.target = {w: i for i, w in sched.lowered.mutations}
         self.rvars_printed = set()
         self.indirect = set()                         # symbols bound by ops.indirect_indexing
+        self.scatter_index = {}                       # ir.Scatter name -> the index it stores at
         self.always_true = set()                      # masks known true (set by the kernel forms)
         self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
         self.row_read_again = False                   # a later looped pass reads the row again
@@ -406,7 +407,19 @@ class TritonKernel:
         masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
         return " & ".join(masks + list(extra))
 
+    def scatter_store(self, node, value) -> str:
+        """An ir.Scatter's write at its loaded indices: `tl.atomic_add` when it accumulates (every
+        duplicate adds), else `tl.store` (of duplicates, one unspecified write wins)."""
+        expr = self.final(self.scatter_index[node.name])
+        self.arg(node.target, read=True)    # in_out: what it leaves alone is kept (and the
+        ptr, mask = self.arg(node.target), self.mask_for(expr)   # autotuner restores it, §9.6)
+        fn = "tl.atomic_add" if node.mode == "atomic_add" else "tl.store"
+        extra = ", sem='relaxed'" if node.mode == "atomic_add" else ""
+        return f"{fn}({ptr} + ({texpr(expr)}), {value}{', ' + mask if mask else ''}{extra})"
+
     def store(self, node, value, xvars, rvars) -> str:
+        if isinstance(node, Scatter):
+            return self.scatter_store(node, value)
         expr = self.final(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
         mask = self.mask_for(expr)
@@ -420,7 +433,10 @@ class TritonKernel:
     def body(self, node, xvars, rvars, printer):
         idx, ridx = node_index(node, xvars, rvars)
         with set_handler(printer):
-            return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            if isinstance(node, Scatter):   # where it writes: its loaded indices
+                self.scatter_index[node.name] = node.layout.index(node.output_indexer(idx))
+        return value
 
 
 def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=None):
