@@ -13,8 +13,7 @@ Where to look:
   - views as index rewrites ......................... `_lower_view` (permute, expand, slice, select, reshape)
   - broadcasting and dtype promotion ................ `_lower_pointwise`, `_half_rule`
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
-  - gathers through loaded indices (index) ......... `_lower_index`, `_direct_index`
-  - scatters (index_put: a copy, then ir.Scatter) .. `_Lowering.index_put`
+  - gathers and scatters (index, index_put) ....... lower_index.py; `_Lowering.index_put`
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
@@ -30,9 +29,10 @@ import sympy
 from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
-                 IndexCollector, LoadCollector, contiguous_strides, index_bounds, index_vars, ops, reduction_identity, set_handler,
+                 IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
                  simplify_index)
-from .op_table import OPS, index_message
+from .lower_index import gather_loader, index_position_fn, scatter_in_place
+from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
 
 # ---- §6 Which ops lower how (views of op_table.OPS) ----
@@ -335,88 +335,6 @@ def _lower_scatter(node, base: Value, src: Value) -> Value:
     return Value(tuple(node.meta.shape), node.meta.dtype, body, cost=2 + base.cost + src.cost)
 
 
-# ---- §6 Indirect indexing: gathers (`index`) read x at loaded integers ----
-
-
-class _NotDirect(Exception):
-    pass
-
-
-class _IndexExprProbe:
-    """ops handler: is an index tensor's body only `index_expr` (an arange, maybe cast)?"""
-
-    def index_expr(self, expr, dtype):
-        return sympy.sympify(expr)
-
-    def to_dtype(self, x, dtype):
-        return x
-
-    def __getattr__(self, name):
-        raise _NotDirect(name)
-
-
-def _direct_index(v: Value, shape, size):
-    """An index tensor that is an arange over its own dims (gather's other dims, `x[arange, t]`)
-    needs no load and no check when §6.8's bounds put it inside [0, size): its index expression,
-    as a function of the broadcast index, else None."""
-    bv = index_vars("b", len(shape))
-    try:
-        with set_handler(_IndexExprProbe()):
-            e = _broadcast_loader(v, shape)(bv)
-    except _NotDirect:
-        return None
-    if not isinstance(e, sympy.Expr):
-        return None
-    lo, hi = index_bounds(e, dict(zip(bv, shape)))
-    if not ((lo >= 0) == sympy.true and (hi < size) == sympy.true):
-        return None
-    return lambda b: e.subs(dict(zip(bv, b)), simultaneous=True)
-
-
-def _index_symbols(node, indices, x_shape, bshape):
-    """Per index tensor, b -> the index into its dim: a loaded value through
-    ops.indirect_indexing (wrapped, checked), or an arange's own expression."""
-    dims, op = node.params["dims"], node.params["op"]
-    fns = []
-    for v, d in zip(indices, dims):
-        direct = _direct_index(v, bshape, x_shape[d])
-        if direct is None:
-            load = _broadcast_loader(v, bshape)
-            direct = (lambda load, d: lambda b: ops.indirect_indexing(
-                load(b), x_shape[d], True, True, index_message(op, d)))(load, d)
-        fns.append(direct)
-    return lambda b: [f(b) for f in fns]
-
-
-def _bshape(indices):
-    nd = max((len(v.shape) for v in indices), default=0)
-    out = [sympy.Integer(1)] * nd
-    for v in indices:
-        for k, s in enumerate(v.shape):
-            if s != 1:
-                out[nd - len(v.shape) + k] = s
-    return tuple(out)
-
-
-def _indexed_position(node, x_shape, symbols, rest):
-    """x's full index: the index symbols at the indexed dims, `rest` at the others."""
-    dims, it = node.params["dims"], iter(rest)
-    return [symbols[dims.index(d)] if d in dims else next(it) for d in range(len(x_shape))]
-
-
-def _lower_index(node, x: Value, indices) -> Value:
-    """index: out[rest[:pos], b, rest[pos:]] = x[.., ind_k(b) at dims[k], ..] (a fused gather)."""
-    pos, bshape = node.params["pos"], _bshape(indices)
-    symbols_at = _index_symbols(node, indices, x.shape, bshape)
-    nb = len(bshape)
-
-    def body(idx):
-        rest = list(idx[:pos]) + list(idx[pos + nb:])
-        return x.loader(_indexed_position(node, x.shape, symbols_at(idx[pos:pos + nb]), rest))
-    return Value(tuple(node.meta.shape), node.meta.dtype, body,
-                 cost=1 + x.cost + sum(v.cost for v in indices))
-
-
 # ---- §6.5 Reductions and split reductions ----
 
 
@@ -557,6 +475,7 @@ class _Lowering:
         self.inputs: list = []          # InputBuffer, in call order
         self.buffers: list = []         # computed buffers, in dependence (= emission) order
         self.env: dict = {}             # graph node -> Value (or Python scalar)
+        self.outputs: list = []         # the graph's outputs once stored (store_outputs)
         self.count = 0
 
     def new_name(self) -> str:
@@ -605,8 +524,9 @@ class _Lowering:
             v = _lower_cat(node, args[0])
         elif op in ("slice_scatter", "select_scatter"):
             v = _lower_scatter(node, args[0], args[1])
-        elif op == "index":
-            v = _lower_index(node, args[0], args[1:])
+        elif op == "index":             # a gather: a loader through loaded indices (lower_index.py)
+            v = Value(tuple(node.meta.shape), node.meta.dtype, gather_loader(node, args[0], args[1:]),
+                      cost=1 + sum(a.cost for a in args))
         elif op == "index_put":
             v = self.index_put(node, args[0], args[1], args[2:])
         elif op in REDUCTION_IDENTITY:
@@ -629,15 +549,10 @@ class _Lowering:
         copy = self.new_name()
         layout = Layout(tuple(x.shape), contiguous_strides(x.shape))
         self.emit(Pointwise(copy, x.dtype, list(x.shape), x.loader, layout, list(x.origins) + [node.name]))
-        pos, bshape = node.params["pos"], _bshape(indices)
-        symbols_at, nb = _index_symbols(node, indices, x.shape, bshape), len(bshape)
-
-        def output_indexer(idx):
-            rest = list(idx[:pos]) + list(idx[pos + nb:])
-            return _indexed_position(node, x.shape, symbols_at(idx[pos:pos + nb]), rest)
         name = self.new_name()
         self.emit(Scatter(name, x.dtype, list(values.shape), values.loader, layout, [node.name],
-                          output_indexer, "atomic_add" if node.params["accumulate"] else None, copy))
+                          index_position_fn(node, x.shape, indices),
+                          "atomic_add" if node.params["accumulate"] else None, copy))
         return Value(tuple(x.shape), x.dtype, _load_from(name, x.dtype, layout), buffer=name)
 
     def fallback(self, node, args) -> Value:
@@ -674,6 +589,7 @@ class _Lowering:
                 v = Value(v.shape, v.dtype, None, buffer=name)
             seen[v.buffer] = True
             outputs.append(v.buffer)
+        self.outputs = outputs
         return outputs
 
     # step 4: write-backs of mutated inputs, each a pointwise buffer stored into the input's memory
@@ -686,8 +602,11 @@ class _Lowering:
         values = [self.env[new] for _, new in graph.mutations]
         values = [self.realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
                   for v, t in zip(values, targets)]
-        mutations = []
-        for target, v, (_, new_node) in zip(targets, values, graph.mutations):
+        mutations, outputs = [], set(self.outputs)
+        for k, (target, v, (_, new_node)) in enumerate(zip(targets, values, graph.mutations)):
+            if v.buffer is not None and scatter_in_place(self.buffers, target, v.buffer, outputs, values[k + 1:]):
+                mutations.append((target.name, v.buffer))   # the scatter wrote into the input
+                continue
             name = self.new_name()
             self.emit(Pointwise(name, target.dtype, list(target.layout.shape),
                                 _convert_loader(v, target.dtype), target.layout,

@@ -203,6 +203,22 @@ def test_writes_into_inputs_and_errors(rng):
         stax.compile(f)(x.clone(), stax.tensor([0, 7]), v)
     with pytest.raises(IndexError, match=r"index_add\(\): index -8 is out of bounds"):
         f(x.clone(), stax.tensor([-8, 1]), v)
+    def in_place(x, i, v):                       # nothing else reads x: the scatter writes into it
+        x.index_add_(0, i, v)
+
+    def reads_old(x, i, v):                      # y needs the old x: the scatter writes into a copy
+        y = x * 2
+        x.index_add_(0, i, v)
+        return y + 1
+    for fn, kernels in ((in_place, 1), (reads_old, 3)):
+        xc, xe = x.clone(), x.clone()
+        cf = stax.compile(fn)
+        out, ref = cf(xc, i, v), fn(xe, i, v)
+        assert_close(xc, want, stax.float32)
+        assert_close(xe, want, stax.float32)
+        if ref is not None:
+            assert_close(out, f64(x) * 2 + 1, stax.float32)
+        assert len(cf.last_generated.kernels) == kernels
     with pytest.raises(RuntimeError, match="same scalar type"):
         x.index_add_(0, i, v.double())
     with pytest.raises(RuntimeError, match="shape mismatch"):
