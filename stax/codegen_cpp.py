@@ -475,8 +475,8 @@ def _transpose_tile(k, xvars, names):
     inner = names[-1]
     for e in all_indices(k.group.nodes, xvars, []):
         e = k.final(e)
-        if e.coeff(inner) == 1:
-            continue
+        if e.coeff(inner) == 1 or not e.has(inner):
+            continue        # contiguous, or one value per row (a gather's index): not transposed
         for d, v in enumerate(names[:-1]):
             if e.coeff(v) == 1:
                 return d
