@@ -440,18 +440,17 @@ def _pointwise_kernel(k: CppKernel) -> list:
     numel = _numel(sizes)
     parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
     scatter = [n for n in g.nodes if isinstance(n, Scatter)]
-    tile = _transpose_tile(k, xvars, names) if not scatter else None
+    if scatter:
+        return _scatter_loops(k, scatter[0], xvars, names, sizes, body)
+    tile = _transpose_tile(k, xvars, names)
     if tile is not None:
         return _tiled_loops(names, sizes, tile, body, parallel)
-    if scatter:     # serial loops (writes may collide); SIMD only along an output coordinate
-        parallel = False
-        simd = _scatter_simd_ok(k, scatter[0], xvars, names[-1])
     lines, depth = [], 0
     for d, (v, s) in enumerate(zip(names, sizes)):
         inner = d == len(names) - 1
         if d == 0 and parallel:
             lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for"))
-        elif inner and (not scatter or simd):
+        elif inner:
             lines.append("    " * depth + "#pragma omp simd")
         lines.append("    " * depth + _for(v, s) + " {")
         depth += 1
@@ -461,11 +460,36 @@ def _pointwise_kernel(k: CppKernel) -> list:
     return lines
 
 
-def _scatter_simd_ok(k, node, xvars, inner) -> bool:
-    """A scatter's innermost loop may run as SIMD lanes when it is one coordinate of the
-    (contiguous) position written: distinct lanes then write distinct elements."""
+SCATTER_CHUNK = 64        # columns of a scatter's inner loop one thread owns
+
+
+def _scatter_loops(k, node, xvars, names, sizes, body) -> list:
+    """A scatter's loops (§6 indirect writes): writes may collide, so the index loops run serially,
+    in index order (the last write wins, adds happen in order, as eagerly). When the innermost loop
+    is a coordinate of the written position, distinct iterations write distinct elements: it runs
+    as SIMD lanes, and when long, its chunks of SCATTER_CHUNK are spread over the threads (each
+    thread runs every index loop over its own columns: the same order per element)."""
     e = k.final(store_index(node, xvars, []))
-    return e.coeff(inner) != 0 and not any(a.has(inner) for a in e.atoms(sympy.Function))
+    inner, n = names[-1], sympy.sympify(sizes[-1])
+    own = e.coeff(inner) != 0 and not any(a.has(inner) for a in e.atoms(sympy.Function))
+    lines, depth = [], 0
+    chunked = own and len(names) > 1 and n.is_Integer and int(n) >= 4 * SCATTER_CHUNK
+    if chunked:
+        lines += ["#pragma omp parallel for", _for(f"{inner}_chunk", n, step=SCATTER_CHUNK) + " {"]
+        depth = 1
+    for d, (v, s) in enumerate(zip(names, sizes)):
+        if d == len(names) - 1 and own:
+            lines.append("    " * depth + "#pragma omp simd")
+        if d == len(names) - 1 and chunked:
+            end = f"stax_min<int64_t>({inner}_chunk + {SCATTER_CHUNK}, {cexpr(s)})"
+            lines.append("    " * depth + f"for (int64_t {v} = {inner}_chunk; {v} < {end}; {v}++) {{")
+        else:
+            lines.append("    " * depth + _for(v, s) + " {")
+        depth += 1
+    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    for d in range(depth - 1, -1, -1):
+        lines.append("    " * d + "}")
+    return lines
 
 
 def _transpose_tile(k, xvars, names):

@@ -71,6 +71,9 @@ def _index(x, indices, dims, pos, op):
 def _index_put(x, indices, dims, pos, values, accumulate, op):
     """A copy of x with x[indices on dims] = values (added with `accumulate`)."""
     _check_index_dtype(indices, op)
+    if accumulate and x.dtype is bool_:
+        raise RuntimeError(f"{op}(): accumulating into a bool tensor is not supported (the GPU has "
+                           "no atomic add for it); accumulate into an integer tensor and compare with 0")
     shape = _result_shape(x, indices, dims, pos)
     values = _scalar(values)
     if isinstance(values, Tensor):

@@ -324,3 +324,16 @@ def test_gpu_debug_index_assert(rng, monkeypatch):
         pytest.skip("a device-side assert would leave the CUDA context unusable")
     with pytest.raises(Exception, match="index out of bounds"):
         cf(x.cuda(), stax.tensor([0, 5]).cuda())
+
+
+def test_scatter_threads_own_columns_and_add_in_index_order(rng):
+    """A long inner loop of an index_add is split over threads by columns; each element still
+    sees its adds in index order, so the result equals eager's bit for bit."""
+    x, v = rand(rng, 5, 300), rand(rng, 200, 300)
+    i = idx(rng, -5, 5, 200)                          # every row hit ~40 times
+    out, eager, gen = both(lambda x, i, v: x.index_add(0, i, v), x, i, v)
+    assert "x1_chunk" in str(gen) and "omp parallel for" in str(gen)
+    assert np.array_equal(out.numpy(), eager.numpy())
+    assert_close(out, _add_at(f64(x), i.numpy() % 5, f64(v)), stax.float32)
+    with pytest.raises(RuntimeError, match="bool tensor"):
+        (x > 0).index_put_((i,), stax.tensor(True), accumulate=True)
