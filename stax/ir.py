@@ -415,6 +415,10 @@ def format_buffer(buf) -> str:
         if isinstance(buf, Pointwise):
             result = buf.inner_fn(idx)
             head = f"{buf.name} = Pointwise(ranges={list(buf.ranges)}, dtype={buf.dtype.name})"
+            if isinstance(buf, Scatter):    # where it writes: through the indices it loads
+                where = buf.layout.index(buf.output_indexer(idx))
+                head = (f"{buf.name} = Scatter(ranges={list(buf.ranges)}, dtype={buf.dtype.name}, "
+                        f"into={buf.target}[{where}], mode={buf.mode})")
             sig = "def inner_fn(index):"
             unpack = f"    {', '.join(map(str, idx))}{',' if len(idx) == 1 else ''} = index" if idx else ""
         else:

@@ -550,7 +550,8 @@ class _Lowering:
         layout = Layout(tuple(x.shape), contiguous_strides(x.shape))
         self.emit(Pointwise(copy, x.dtype, list(x.shape), x.loader, layout, list(x.origins) + [node.name]))
         name = self.new_name()
-        self.emit(Scatter(name, x.dtype, list(values.shape), values.loader, layout, [node.name],
+        origins = list(values.origins) if values.buffer is None else []
+        self.emit(Scatter(name, x.dtype, list(values.shape), values.loader, layout, origins + [node.name],
                           index_position_fn(node, x.shape, indices),
                           "atomic_add" if node.params["accumulate"] else None, copy))
         return Value(tuple(x.shape), x.dtype, _load_from(name, x.dtype, layout), buffer=name)
