@@ -99,9 +99,11 @@ def _placement(dims) -> int:
 # ---- Parsing an indexing key: basic parts as views, tensors and lists as index tensors ----
 
 
-def _as_index(k):
+def _as_index(k, device="cpu"):
+    """Lists and arrays in a key become index tensors on the indexed tensor's device."""
     if isinstance(k, (list, np.ndarray)):
-        return tensor(k) if len(k) or isinstance(k, np.ndarray) else tensor(k, dtype=int64)
+        return tensor(k, device=device) if len(k) or isinstance(k, np.ndarray) else \
+            tensor(k, dtype=int64, device=device)
     return k
 
 
@@ -113,7 +115,7 @@ def _parse_key(x, key):
     """Apply a key's ints, slices, None and ... to x as views; return (the view, the dims of the
     view indexed by tensors, those index tensors). Boolean masks become their nonzero columns
     (eagerly: the count depends on the data)."""
-    key = [_as_index(k) for k in (key if isinstance(key, tuple) else (key,))]
+    key = [_as_index(k, x.device) for k in (key if isinstance(key, tuple) else (key,))]
     if _b.any(k is True or k is False for k in key):
         raise IndexError("stax does not support Python bools as indices; use a bool tensor mask")
     used = _b.sum(k.ndim if isinstance(k, Tensor) and k.dtype is bool_ else 1
@@ -183,7 +185,7 @@ def setitem(x, key, value, accumulate=False):
     tup = key if isinstance(key, tuple) else (key,)
     if not _is_advanced(tup):
         return _basic_setitem(x, key, value)
-    k0 = _as_index(tup[0])
+    k0 = _as_index(tup[0], x.device)
     if (len(tup) == 1 and isinstance(k0, Tensor) and k0.dtype is bool_ and not accumulate
             and _mask_setitem(x, k0, _scalar(value))):
         return

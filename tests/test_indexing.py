@@ -293,6 +293,9 @@ def test_gpu_gathers_fuse(rng):
     xt, j, k = rand(rng, 5, 7, 3).permute(1, 0, 2), idx(rng, -7, 7, 4, 1), idx(rng, 0, 3, 2)
     out, _, _ = _gpu(lambda x, j, k: x[j, :, k].sum(-1), xt, j, k)
     assert_close(out.cpu(), f64(xt)[j.numpy(), :, k.numpy()].sum(-1), stax.float32)
+    out, _, _ = _gpu(lambda x, m: x[[1, -2]] * 2 + x[:2].masked_fill(m, 0.5), x, x[:2] > 0)   # a list: on x's device
+    X = f64(x)
+    assert_close(out.cpu(), X[[1, -2]] * 2 + np.where(X[:2] > 0, 0.5, X[:2]), stax.float32)
 
 
 def test_gpu_scatters(rng):
