@@ -379,10 +379,12 @@ def _target(device: str) -> str:
     """The device facts a back end's decisions depend on (threads for Alg. 6.1 on the CPU, SMs on the GPU)."""
     if device.startswith("cuda"):
         from . import cuda
+        from .triton_kernel import debug_index_checks
+        debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
         if cuda.is_available():
             p = cuda.get_device_properties()
-            return f"sm={p.sm_count},cc={p.cc}"
-        return "sm=132,cc=(9, 0)"
+            return f"sm={p.sm_count},cc={p.cc}{debug}"
+        return f"sm=132,cc=(9, 0){debug}"
     return f"threads={get_num_threads()}"
 
 
