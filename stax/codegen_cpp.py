@@ -441,7 +441,8 @@ def _pointwise_kernel(k: CppKernel) -> list:
     parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
     scatter = [n for n in g.nodes if isinstance(n, Scatter)]
     if scatter:
-        return _scatter_loops(k, scatter[0], xvars, names, sizes, body)
+        return _index_pre_check(k, scatter[0], xvars, names, sizes) + \
+            _scatter_loops(k, scatter[0], xvars, names, sizes, body)
     tile = _transpose_tile(k, xvars, names)
     if tile is not None:
         return _tiled_loops(names, sizes, tile, body, parallel)
@@ -458,6 +459,25 @@ def _pointwise_kernel(k: CppKernel) -> list:
     for d in range(depth - 1, -1, -1):
         lines.append("    " * d + "}")
     return lines
+
+
+def _index_pre_check(k, node, xvars, names, sizes) -> list:
+    """A scatter into an input's own memory checks every index first, over the loops the indices
+    depend on, and returns before writing anything if one is out of range: the input is left as
+    eager leaves it when it raises."""
+    if node.target not in {b.name for b in k.lowered.inputs}:
+        return []                   # a fresh copy: a partial update is never seen
+    p = k.printer()
+    idx, _ = node_index(node, xvars, [])
+    with set_handler(p):
+        node.output_indexer(idx)
+    if not p.lines:
+        return []
+    used = [(v, s) for v, s in zip(names, sizes) if re.search(rf"(?<![A-Za-z0-9_]){v}(?![A-Za-z0-9_])", "\n".join(p.lines))]
+    lines = [("    " * d) + _for(v, s) + " {" for d, (v, s) in enumerate(used)]
+    lines += ["    " * len(used) + line for line in p.lines]
+    lines += ["    " * d + "}" for d in range(len(used) - 1, -1, -1)]
+    return lines + ["if (__atomic_load_n(&stax_errors, __ATOMIC_RELAXED) & STAX_ERR_INDEX) return;"]
 
 
 SCATTER_CHUNK = 64        # columns of a scatter's inner loop one thread owns

@@ -203,6 +203,7 @@ def test_writes_into_inputs_and_errors(rng):
         stax.compile(f)(x.clone(), stax.tensor([0, 7]), v)
     with pytest.raises(IndexError, match=r"index_add\(\): index -8 is out of bounds"):
         f(x.clone(), stax.tensor([-8, 1]), v)
+
     def in_place(x, i, v):                       # nothing else reads x: the scatter writes into it
         x.index_add_(0, i, v)
 
@@ -219,6 +220,11 @@ def test_writes_into_inputs_and_errors(rng):
         if ref is not None:
             assert_close(out, f64(x) * 2 + 1, stax.float32)
         assert len(cf.last_generated.kernels) == kernels
+    xc, cf = x.clone(), stax.compile(in_place)
+    with pytest.raises(IndexError, match=r"index_add\(\): index 7 is out of bounds"):
+        cf(xc, stax.tensor([0, 7]), v)
+    assert np.array_equal(xc.numpy(), x.numpy())      # checked before any write, as eager
+    assert "STAX_ERR_INDEX) return;" in str(cf.last_generated)
     with pytest.raises(RuntimeError, match="same scalar type"):
         x.index_add_(0, i, v.double())
     with pytest.raises(RuntimeError, match="shape mismatch"):
