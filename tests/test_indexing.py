@@ -347,3 +347,16 @@ def test_scatter_threads_own_columns_and_add_in_index_order(rng):
     assert_close(out, _add_at(f64(x), i.numpy() % 5, f64(v)), stax.float32)
     with pytest.raises(RuntimeError, match="bool tensor"):
         (x > 0).index_put_((i,), stax.tensor(True), accumulate=True)
+
+
+def test_symbolic_sizes(rng):
+    """dynamic=True: the sizes an index is checked against are the symbols of §10.3."""
+    g = stax.compile(lambda x, i, v: (x[i] * 2, x.index_add(0, i, v)), dynamic=True)
+    for n, m in ((6, 4), (9, 5)):
+        x, i, v = rand(rng, n, 3), idx(rng, -n, n, m), rand(rng, m, 3)
+        a, b = g(x, i, v)
+        assert_close(a, f64(x)[i.numpy()] * 2, stax.float32)
+        assert_close(b, _add_at(f64(x), i.numpy() % n, f64(v)), stax.float32)
+    assert g.stats["compiles"] <= 2
+    with pytest.raises(IndexError, match=r"index(_add)?\(\): index 9 is out of bounds for dimension 0 with size 9"):
+        g(x, stax.tensor([0, 9, 1, 2, 3]), v)
