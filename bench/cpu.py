@@ -97,6 +97,23 @@ def workloads():
         var = x.var(-1, keepdims=True)
         return (x - mean) / np.sqrt(var + np.float32(1e-5)) * w + b
 
+    def table_and_indices(*extra):
+        """A 262144x512 float32 table (512 MB), 65,536 random int64 row indices, extra rows."""
+        def make():
+            rng = np.random.default_rng(0)
+            return [rng.standard_normal((EMB_ROWS, EMB_DIM), dtype=np.float32),
+                    rng.integers(0, EMB_ROWS, N_IDX, dtype=np.int64)] + \
+                [rng.standard_normal(s, dtype=np.float32) for s in extra]
+        return make
+
+    def np_index_add(t, i, r):
+        np.add.at(t, i, r)
+
+    def index_add(lib):
+        def f(t, i, r):
+            t.index_add_(0, i, r)       # returns nothing: the table is updated in place
+        return f
+
     return {
         "ex1_1": dict(
             shape="8192x4096", inputs=rand((8192, 4096), (8192, 4096)),
@@ -163,11 +180,24 @@ def workloads():
             shape="logits 4096x8192, int64 targets", inputs=logits_and_targets(4096, 8192), out=4,
             stax=lambda S: (lambda x, t: S.nn.functional.cross_entropy(x, t)), numpy=np_cross_entropy,
             torch=lambda T: (lambda x, t: T.nn.functional.cross_entropy(x, t))),
+        # indirect indexing (issue 11): the floor counts the rows touched, not the whole table
+        "embedding": dict(
+            shape=f"table {EMB_ROWS}x{EMB_DIM}, {N_IDX} indices", inputs=table_and_indices(),
+            bytes=N_IDX * 8 + 2 * N_IDX * EMB_DIM * 4,
+            stax=lambda S: (lambda t, i: S.embedding(i, t)), numpy=lambda t, i: t[i],
+            torch=lambda T: (lambda t, i: T.nn.functional.embedding(i, t))),
+        "index_add": dict(
+            shape=f"table {EMB_ROWS}x{EMB_DIM} += {N_IDX} rows", inputs=table_and_indices((N_IDX, EMB_DIM)),
+            bytes=N_IDX * 8 + 3 * N_IDX * EMB_DIM * 4, mutates=True,
+            stax=index_add, numpy=np_index_add, torch=index_add),
         "biasgrad": dict(
             shape="g 64x128x1024, g.reshape(-1, 1024).sum(0)", inputs=rand((64, 128, 1024)), out=1024 * 4,
             stax=lambda S: (lambda g: g.reshape(-1, 1024).sum(0)), numpy=lambda g: g.reshape(-1, 1024).sum(0),
             torch=lambda T: (lambda g: g.reshape(-1, 1024).sum(0))),
     }
+
+
+EMB_ROWS, EMB_DIM, N_IDX = 262144, 512, 65536      # the GPU's table is 1M x 1024 (bench/gpu.py)
 
 
 def _out_bytes(name, inputs):
@@ -226,8 +256,14 @@ def worker_stax(name, runs, threads):
     arrays = w["inputs"]()
     args = [stax.from_numpy(x) for x in arrays]
     f = stax.compile(w["stax"](stax))
-    out = f(*args)
-    outs, wants = (out, w["numpy"](*arrays)) if isinstance(out, tuple) else ((out,), (w["numpy"](*arrays),))
+    if w.get("mutates"):            # updates its first input: compare that after one call
+        want = arrays[0].copy()
+        w["numpy"](want, *arrays[1:])
+        out = f(*args)
+        outs, wants = (args[0],), (want,)
+    else:
+        out = f(*args)
+        outs, wants = (out, w["numpy"](*arrays)) if isinstance(out, tuple) else ((out,), (w["numpy"](*arrays),))
     err = max(float(np.max(np.abs(o.numpy() - want) / (1e-3 + np.abs(want)))) for o, want in zip(outs, wants))
     del out, outs, wants
     ts = call_times(f, args, runs)
@@ -254,7 +290,7 @@ def worker_numpy(name, runs, threads):
     w = workloads()[name]
     args = w["inputs"]()
     ts = call_times(w["numpy"], args, runs)
-    nbytes = sum(x.nbytes for x in args) + _out_bytes(name, args)
+    nbytes = w["bytes"] if "bytes" in w else sum(x.nbytes for x in args) + _out_bytes(name, args)
     return {"times": ts, "bytes": nbytes}
 
 

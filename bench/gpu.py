@@ -1,7 +1,8 @@
 """GPU benchmark (issue 3): Stax's Triton kernels against the memory floor and torch.compile.
 
 Run on the H200 (the `device` tool): `python bench/gpu.py [workload ...] [--json FILE]`; a workload
-is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout).
+is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout),
+or `indexing` (issue 11: the embedding gather and index_add_ on a 1M x 1024 table, INDEXING).
 `python bench/gpu.py launchbound` runs only §9.9's launch-bound section (issue 13): an MLP block and
 a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
@@ -70,6 +71,20 @@ def make_input(spec, lib=stax, device="cuda"):
     if spec and spec[0] == "int":
         return lib.randint(0, spec[1], spec[2], device=device)
     return lib.randn(*spec, device=device)
+# indirect indexing (issue 11): a 1M x 1024 float32 table (4 GiB) and 65,536 random row indices;
+# the floor counts the bytes touched (the indices, each row read or written once: `passes` row
+# passes of 65,536 x 1024 floats), not the whole table. index_add_ updates the table in place.
+EMB_ROWS, EMB_DIM, N_IDX = 1 << 20, 1024, 65536
+
+
+def _index_add(t, i, r):
+    t.index_add_(0, i, r)
+
+
+INDEXING = {   # name -> (Stax function, torch function (given torch), row passes)
+    "embedding": (lambda t, i: stax.embedding(i, t), lambda T: (lambda t, i: T.nn.functional.embedding(i, t)), 2),
+    "index_add": (_index_add, lambda T: _index_add, 3),
+}
 
 
 def copy_bandwidth() -> float:
@@ -181,6 +196,46 @@ def matmuls(names):
         print(json.dumps(row), flush=True)
         rows.append(row)
         del args
+    return rows
+
+
+def indexing(names, bw):
+    """The gather and the scatter of INDEXING: Stax (one kernel each) against the floor and
+    torch.compile, on the same table, indices and rows."""
+    rows = []
+    rng = np.random.default_rng(0)
+    idx_np = rng.integers(0, EMB_ROWS, N_IDX, dtype=np.int64)
+    for name in names:
+        fn, torch_fn, passes = INDEXING[name]
+        args = [stax.zeros(EMB_ROWS, EMB_DIM, device="cuda"), stax.tensor(idx_np, device="cuda")]
+        if name == "index_add":
+            args.append(stax.randn(N_IDX, EMB_DIM, device="cuda"))
+        f = stax.compile(fn)
+        t0 = time.perf_counter()
+        f(*args)
+        cuda.synchronize()
+        cold = time.perf_counter() - t0
+        ms = time_calls(f, args)
+        floor = (N_IDX * 8 + passes * N_IDX * EMB_DIM * 4) / bw * 1e3
+        row = {"workload": name, "stax_ms": ms, "floor_ms": floor, "frac": floor / ms,
+               "kernels": list(f.last_generated.kernels), "stax_cold_s": cold}
+        del args
+        try:
+            import torch
+            import triton.testing
+            targs = [torch.zeros(EMB_ROWS, EMB_DIM, device="cuda"), torch.from_numpy(idx_np).cuda()]
+            if name == "index_add":
+                targs.append(torch.randn(N_IDX, EMB_DIM, device="cuda"))
+            tf = torch.compile(torch_fn(torch))
+            tf(*targs)
+            tms = triton.testing.do_bench(lambda: tf(*targs), return_mode="median")
+            row.update(torch_ms=tms, speedup=tms / ms)
+            del targs
+            torch.cuda.empty_cache()
+        except ImportError:
+            pass
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -402,8 +457,11 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"launch_bound": rows}, fh, indent=1)
         return
-    names = selected(argv) or list(WORKLOADS)
-    mm_names = [a for a in argv if a in MATMULS] or ([] if selected(argv) else list(MATMULS))
+    idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])
+    explicit = selected(argv) or idx_names or [a for a in argv if a in MATMULS]
+    names = selected(argv) or ([] if explicit else list(WORKLOADS))
+    mm_names = [a for a in argv if a in MATMULS] or ([] if explicit else list(MATMULS))
+    idx_names = idx_names or ([] if explicit else list(INDEXING))
     props = cuda.get_device_properties()
     bw = copy_bandwidth()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
@@ -439,6 +497,7 @@ def main(argv):
         rows.append(row)
         print(json.dumps(row), flush=True)
         del args, out, outs
+    rows += indexing(idx_names, bw)
     mm_rows = matmuls(mm_names)
     per_call, per_launch, per_driver = host_overhead()
     cold, warm = compile_times()
@@ -449,6 +508,8 @@ def main(argv):
         print("\n| workload | heuristic ms | autotuned ms | max-autotune ms | tuning s (auto / max) | torch ms |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
+            if "modes" not in r:        # (INDEXING rows run in the default mode only)
+                continue
             m = r["modes"]
             print(f"| {r['workload']} | {m['default']['ms']:.3f} | {m['autotuned']['ms']:.3f} | "
                   f"{m['max-autotune']['ms']:.3f} | {m['autotuned']['tuning_s']} / {m['max-autotune']['tuning_s']} | "

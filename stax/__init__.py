@@ -40,11 +40,13 @@ from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
+from .indexing import *  # noqa: F401,F403  (gathers, scatters, advanced indexing, masks)
 from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
 from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402,F401
                        set_grad_enabled)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
+from . import indexing as _indexing_mod
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -394,10 +396,12 @@ def _target(device: str) -> str:
     """The device facts a back end's decisions depend on (threads for Alg. 6.1 on the CPU, SMs on the GPU)."""
     if device.startswith("cuda"):
         from . import cuda
+        from .triton_kernel import debug_index_checks
+        debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
         if cuda.is_available():
             p = cuda.get_device_properties()
-            return f"sm={p.sm_count},cc={p.cc}"
-        return "sm=132,cc=(9, 0)"
+            return f"sm={p.sm_count},cc={p.cc}{debug}"
+        return f"sm=132,cc=(9, 0){debug}"
     return f"threads={get_num_threads()}"
 
 
@@ -750,7 +754,7 @@ _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
 __all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)
                   set(_tensor_ops_mod.__all__) | set(_shape_ops_mod.__all__) | set(_math_ops_mod.__all__) |
-                  set(_ALIASES) | set(_PUBLIC_EXTRAS)) - {"bool", "int", "float"})
+                  set(_indexing_mod.__all__) | set(_ALIASES) | set(_PUBLIC_EXTRAS)) - {"bool", "int", "float"})
 
 
 def __dir__():

@@ -30,8 +30,9 @@ from types import SimpleNamespace
 
 from . import tensor_ops as T
 from .op_table import DERIVATIVES
+from .indexing import _result_shape
 from .shape_ops import flip as _flip
-from .tensor import Tensor, ones_like, zeros_like
+from .tensor import Tensor, _meta, _op, ones_like, zeros_like
 
 __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
            "GradNode"]
@@ -393,12 +394,24 @@ def _cat_grads(g, xs, dim):
     return out
 
 
+def _index_put(x, values, indices, p, accumulate):
+    return _op("index_put", [x, values, *indices], {"dims": p["dims"], "pos": p["pos"],
+               "accumulate": accumulate, "op": p["op"]}, x._meta)
+
+
+def _index(g, indices, p):
+    shape = _result_shape(g, indices, p["dims"], p["pos"])
+    return _op("index", [g, *indices], {"dims": p["dims"], "pos": p["pos"], "op": p["op"]},
+               _meta(shape, g.dtype, g.device))
+
+
 F = SimpleNamespace(
     where=T.where, exp=T.exp, sin=T.sin, cos=T.cos, log=T.log, sign=T.sign, floor=T.floor, pow=T.pow,
     trunc=T.trunc, flip=lambda g, dims: _flip(g, *dims),
     sum=T.sum, prod=T.prod, cumsum=T.cumsum, permute=T.permute, reshape=T.reshape, to_dtype=T.to_dtype,
     sum_to=_sum_to, unreduce=_unreduce, slice_grad=_slice_grad, select_grad=_select_grad,
-    matmul_grads=_matmul_grads, cat_grads=_cat_grads, is_tensor=lambda x: isinstance(x, Tensor))
+    matmul_grads=_matmul_grads, cat_grads=_cat_grads, is_tensor=lambda x: isinstance(x, Tensor),
+    index=_index, index_put=_index_put, zeros_like=lambda x, dt: zeros_like(x, dtype=dt))
 
 
 # ---- Tensor methods ----

@@ -37,7 +37,7 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .ir import (Reduction, compute_dtype, index_vars, merge_dims, reduction_identity, set_handler,
+from .ir import (Reduction, Scatter, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
                  simplify_index)
 from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
@@ -192,6 +192,17 @@ class CppPrinter(Printer):
     def where(self, c, a, b):
         return self.emit(f"{c} ? {a} : {b}", a.dtype)
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """A loaded integer as an index: wrapped when negative, checked against [0, size) (an
+        error bit and the failing index for the wrapper's IndexError, cpp_prelude.h)."""
+        raw = self.emit(f"static_cast<int64_t>({value})", int64)
+        n = self.kernel.index(size)
+        v = self.emit(f"({raw} < 0 ? {raw} + {n} : {raw})", int64) if wrap_neg else raw
+        if check:
+            site = self.kernel.index_site(where)
+            v = self.emit(f"stax_check_index({v}, {n}, {raw}, {site})", int64)
+        return indirect_symbol(v.name)
+
     def masked(self, mask, body, other):
         """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere)."""
         inner = CppPrinter(self.kernel, self.counter)
@@ -272,6 +283,17 @@ class CppKernel:
         self.counter = [0]
         self.target = {w: i for i, w in sched.lowered.mutations}   # write-back -> input it updates
         self.errors: set = set()       # KERNEL_ERRORS entries this kernel may raise at run time
+        self.index_sites: list = []    # messages of its checked indirect indices (site = position)
+        self.scatter_index: dict = {}  # ir.Scatter name -> the index it stores at (printed loads)
+
+    def index_site(self, where) -> int:
+        """Register an indirect index's error message; the wrapper raises IndexError with it."""
+        self.index_sites.append(where or "index {} is out of bounds with size {}")
+        messages = tuple(self.index_sites)
+        fmt = (f"IndexError({messages!r}[kernels.stax_index_error_info(2)].format("
+               "kernels.stax_index_error_info(0), kernels.stax_index_error_info(1)))")
+        self.errors = {e for e in self.errors if e[0] != 4} | {(4, fmt)}
+        return len(self.index_sites) - 1
 
     def final(self, expr):
         """An index expression over the printed loops: simplified, merged loops substituted."""
@@ -298,9 +320,13 @@ class CppKernel:
         idx, ridx = node_index(node, xvars, rvars)
         with set_handler(p):
             value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            if isinstance(node, Scatter):   # where it writes: its loaded indices, checked
+                self.scatter_index[node.name] = node.layout.index(node.output_indexer(idx))
         return p, value
 
     def store(self, node, value, xvars, rvars) -> str:
+        if isinstance(node, Scatter):
+            return self.scatter_store(node, value)
         index = self.index(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
         v = str(value)
@@ -311,6 +337,24 @@ class CppKernel:
         elif compute_dtype(node.dtype) != value.dtype:
             v = f"static_cast<{ctype(node.dtype)}>({v})"
         return f"{ptr}[{index}] = {v};"
+
+    def scatter_store(self, node, value) -> str:
+        """target[loaded index] = value, or += (index_add, scatter_add, accumulate=True): the
+        kernel's loops run serially, so duplicates add in index order and the last write wins."""
+        self.arg(node.target, read=True)    # in_out: the elements it does not write are kept
+        ptr, index = self.arg(node.target), self.index(self.scatter_index[node.name])
+        dest = f"{ptr}[{index}]"
+        v = str(value)
+        if node.mode == "atomic_add":
+            old = {float16: f"stax_f16_to_f32({dest})", bfloat16: f"stax_bf16_to_f32({dest})"}.get(node.dtype, dest)
+            v = f"{old} + {v}"
+        if node.dtype == float16:
+            v = f"stax_f32_to_f16({v})"
+        elif node.dtype == bfloat16:
+            v = f"stax_f32_to_bf16({v})"
+        elif compute_dtype(node.dtype) != value.dtype:
+            v = f"static_cast<{ctype(node.dtype)}>({v})"
+        return f"{dest} = {v};"
 
     def finish(self, loops: list) -> tuple:
         """Rename buffers to in_ptrN/out_ptrN/in_out_ptrN; return (source, cdef, param buffers)."""
@@ -402,6 +446,10 @@ def _pointwise_kernel(k: CppKernel) -> list:
         return body
     numel = _numel(sizes)
     parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
+    scatter = [n for n in g.nodes if isinstance(n, Scatter)]
+    if scatter:
+        return _index_pre_check(k, scatter[0], xvars, names, sizes) + \
+            _scatter_loops(k, scatter[0], xvars, names, sizes, body)
     tile = _transpose_tile(k, xvars, names)
     if tile is not None:
         return _tiled_loops(names, sizes, tile, body, parallel)
@@ -420,6 +468,57 @@ def _pointwise_kernel(k: CppKernel) -> list:
     return lines
 
 
+def _index_pre_check(k, node, xvars, names, sizes) -> list:
+    """A scatter into an input's own memory checks every index first, over the loops the indices
+    depend on, and returns before writing anything if one is out of range: the input is left as
+    eager leaves it when it raises."""
+    if node.target not in {b.name for b in k.lowered.inputs}:
+        return []                   # a fresh copy: a partial update is never seen
+    p = k.printer()
+    idx, _ = node_index(node, xvars, [])
+    with set_handler(p):
+        node.output_indexer(idx)
+    if not p.lines:
+        return []
+    used = [(v, s) for v, s in zip(names, sizes) if re.search(rf"(?<![A-Za-z0-9_]){v}(?![A-Za-z0-9_])", "\n".join(p.lines))]
+    lines = [("    " * d) + _for(v, s) + " {" for d, (v, s) in enumerate(used)]
+    lines += ["    " * len(used) + line for line in p.lines]
+    lines += ["    " * d + "}" for d in range(len(used) - 1, -1, -1)]
+    return lines + ["if (__atomic_load_n(&stax_errors, __ATOMIC_RELAXED) & STAX_ERR_INDEX) return;"]
+
+
+SCATTER_CHUNK = 64        # columns of a scatter's inner loop one thread owns
+
+
+def _scatter_loops(k, node, xvars, names, sizes, body) -> list:
+    """A scatter's loops (§6 indirect writes): writes may collide, so the index loops run serially,
+    in index order (the last write wins, adds happen in order, as eagerly). When the innermost loop
+    is a coordinate of the written position, distinct iterations write distinct elements: it runs
+    as SIMD lanes, and when long, its chunks of SCATTER_CHUNK are spread over the threads (each
+    thread runs every index loop over its own columns: the same order per element)."""
+    e = k.final(store_index(node, xvars, []))
+    inner, n = names[-1], sympy.sympify(sizes[-1])
+    own = e.coeff(inner) != 0 and not any(a.has(inner) for a in e.atoms(sympy.Function))
+    lines, depth = [], 0
+    chunked = own and len(names) > 1 and n.is_Integer and int(n) >= 4 * SCATTER_CHUNK
+    if chunked:
+        lines += ["#pragma omp parallel for", _for(f"{inner}_chunk", n, step=SCATTER_CHUNK) + " {"]
+        depth = 1
+    for d, (v, s) in enumerate(zip(names, sizes)):
+        if d == len(names) - 1 and own:
+            lines.append("    " * depth + "#pragma omp simd")
+        if d == len(names) - 1 and chunked:
+            end = f"stax_min<int64_t>({inner}_chunk + {SCATTER_CHUNK}, {cexpr(s)})"
+            lines.append("    " * depth + f"for (int64_t {v} = {inner}_chunk; {v} < {end}; {v}++) {{")
+        else:
+            lines.append("    " * depth + _for(v, s) + " {")
+        depth += 1
+    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    for d in range(depth - 1, -1, -1):
+        lines.append("    " * d + "}")
+    return lines
+
+
 def _transpose_tile(k, xvars, names):
     """The loop to tile with the innermost one when some load is contiguous along it instead (§8.2)."""
     if len(names) < 2:
@@ -427,8 +526,8 @@ def _transpose_tile(k, xvars, names):
     inner = names[-1]
     for e in all_indices(k.group.nodes, xvars, []):
         e = k.final(e)
-        if e.coeff(inner) == 1:
-            continue
+        if e.coeff(inner) == 1 or not e.has(inner):
+            continue        # contiguous, or one value per row (a gather's index): not transposed
         for d, v in enumerate(names[:-1]):
             if e.coeff(v) == 1:
                 return d
@@ -783,7 +882,7 @@ class CppModule:
 KERNEL_ERRORS = {"floordiv": (1, 'RuntimeError("ZeroDivisionError")'),
                  "remainder": (1, 'RuntimeError("ZeroDivisionError")'),
                  "pow": (2, 'ValueError("Integers to negative integer powers are not allowed.")')}
-_TAKE_ERRORS = "int stax_take_errors(void);"
+_TAKE_ERRORS = "int stax_take_errors(void);\nint64_t stax_index_error_info(int k);"
 
 
 def _error_checks(errors, cdefs) -> list:
@@ -828,6 +927,10 @@ def generate(sched) -> CppModule:
             args = [f"ptr({pyname(p)})" for p in params] + [pyname(s) for s in syms]
             call.append(f"kernels.{pyname(k.name)}({', '.join(args)})")
             call += _error_checks(k.errors, cdefs)
+            for n in g.nodes:          # a scatter's result is the memory it wrote into
+                if isinstance(n, Scatter):
+                    call.append(f"{pyname(n.name)} = {pyname(n.target)}")
+                    new.add(n.name)
         allocated |= new
         calls.append((g.index, call, new))
     return CppModule(kernels, _wrapper(sched, calls), cdefs, sched)

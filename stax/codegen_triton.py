@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from .ir import Scatter
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import outer_applies, outer_reduction_kernel
@@ -195,6 +196,10 @@ def generate(sched) -> TritonModule:
                 multi[runner] = alternatives
             launch(call, sources, runner, [pyname(p) for p in params] + [_numel_text(n) for n in numels])
             index += 1
+            for n in g.nodes:          # a scatter's result is the memory it wrote into
+                if isinstance(n, Scatter):
+                    call.append(f"{pyname(n.name)} = {pyname(n.target)}")
+                    new.add(n.name)
         allocated |= new
         calls.append((g.index, call, new))
     return TritonModule(kernels, _wrapper(sched, calls), sched, multi)

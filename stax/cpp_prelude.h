@@ -285,8 +285,23 @@ STAX_INLINE double stax_rsqrt(double x) { return 1.0 / __builtin_sqrt(x); }
 // loaded module; relaxed atomics, as many OpenMP threads may set it.
 #define STAX_ERR_ZERO_DIV 1
 #define STAX_ERR_NEG_POW 2
+#define STAX_ERR_INDEX 4
 static int stax_errors = 0;
 STAX_INLINE void stax_set_error(int bit) { __atomic_fetch_or(&stax_errors, bit, __ATOMIC_RELAXED); }
+
+// Indirect indexing (ops.indirect_indexing): an index i outside [0, n) sets STAX_ERR_INDEX and
+// records the first such index as the user wrote it (`raw`, before negative wrapping), the size
+// and which indexing site of the kernel failed, for the wrapper's IndexError; the kernel goes on
+// with index 0, so it never touches memory outside the buffer.
+static int64_t stax_index_info[3];
+STAX_INLINE int64_t stax_check_index(int64_t i, int64_t n, int64_t raw, int64_t site) {
+    if (__builtin_expect(i >= 0 && i < n, 1)) return i;
+    if (!(__atomic_fetch_or(&stax_errors, STAX_ERR_INDEX, __ATOMIC_RELAXED) & STAX_ERR_INDEX)) {
+        stax_index_info[0] = raw; stax_index_info[1] = n; stax_index_info[2] = site;
+    }
+    return 0;
+}
+extern "C" int64_t stax_index_error_info(int k) { return stax_index_info[k]; }
 
 // floordiv / remainder with Python semantics (torch.floor_divide / torch.remainder): the quotient
 // is rounded towards -inf and the remainder has the sign of the divisor. Integers: b == 0 gives 0

@@ -270,8 +270,10 @@ def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warp
         src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     except TypeError:  # older spelling
         src = ASTSource(fn=fn, signature=sig, constants=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if "tl.device_assert" in getattr(fn, "src", ""):
+        options["debug"] = True     # the asserts of STAX_DEBUG_INDEX=1 (Triton drops them otherwise)
+    compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
     md = compiled.metadata
     name = md.name
     n_user = sum(1 for v in sig.values() if v != "constexpr")

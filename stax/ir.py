@@ -10,13 +10,14 @@ A computed buffer is described *define-by-run*: its body is a Python function `i
 installs an ops handler with `set_handler` and runs it. The IR printer (`format_ir`) prints the calls
 (Listing 6.2's form); `LoadCollector` and `IndexCollector` only record what a body reads; the code
 generators print C++ or Triton. Which `ops.<name>` exist is op_table.OPS (`OpDef.ops_name`), plus
-load, constant, index_expr, to_dtype, where and masked.
+load, constant, index_expr, to_dtype, where, masked and indirect_indexing.
 
 Where to look:
   - `ops`, `set_handler` .................... the virtualized `ops.*` calls and swapping handlers
   - `index_vars`, `FloorDiv`, `ModularIndexing` index expressions (loop variables, //, %)
+  - `ops.indirect_indexing`, `indirect_symbol` a loaded integer as an index (gathers, scatters)
   - `index_bounds`, `simplify_index` ........ §6.8 interval reasoning over loop ranges
-  - `Layout`, `InputBuffer`, `Pointwise`, `Reduction`, `ExternKernel`, `ReinterpretView`,
+  - `Layout`, `InputBuffer`, `Pointwise`, `Scatter`, `Reduction`, `ExternKernel`, `ReinterpretView`,
     `LoweredGraph` .......................... the IR nodes and the lowered graph
   - `reduction_identity`, `compute_dtype` ... a reduction's identity per dtype; §6.2 half compute
   - `LoadCollector`, `IndexCollector` ....... handlers recording loads / every index (§7.1, Prop. 6.3)
@@ -58,6 +59,23 @@ class _Ops:
 
     def __getattr__(self, name):
         return getattr(_current.handler, name)
+
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """§6 indirect indexing (Inductor's name): a loaded integer `value` as an index symbol.
+
+        The symbol may appear in any index expression of the body (`ops.load(x, 64*ind + i1)`).
+        A code generator binds it to the kernel variable holding the value, wrapped by `size` when
+        negative (`wrap_neg`, as eager) and checked against [0, size) (`check`); `where` is the
+        error message, with `{}` for the index and the size ("index_select(): index {} is out of
+        bounds for dimension 0 with size {}"). A handler
+        that only records loads or indices (no method of its own) gets a fresh symbol `indN`:
+        an index the loop variables do not determine, so no analysis mistakes it for one."""
+        h = _current.handler
+        if getattr(type(h), "indirect_indexing", None) is not None:
+            return h.indirect_indexing(value, size, check, wrap_neg, where)
+        n = h.__dict__.get("_indirect_count", 0)
+        h.__dict__["_indirect_count"] = n + 1
+        return indirect_symbol(f"ind{n}")
 
 
 ops = _Ops()
@@ -102,6 +120,11 @@ Expr = sympy.Expr
 def index_vars(prefix: str, n: int) -> list[sympy.Symbol]:
     """Loop variables i0, i1, ... (pointwise) or r0_0, r0_1, ... (reduction); all non-negative ints."""
     return [sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True) for k in range(n)]
+
+
+def indirect_symbol(name: str) -> sympy.Symbol:
+    """An index bound to a loaded value (ops.indirect_indexing): non-negative once wrapped."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
 class FloorDiv(sympy.Function):
@@ -252,6 +275,20 @@ class Pointwise:
 
 
 @dataclass(eq=False)
+class Scatter(Pointwise):
+    """§6 a write through loaded indices (index_put, scatter, index_add): for every index in
+    `ranges`, target[output_indexer(index)] = inner_fn(index) (`mode` "atomic_add": +=).
+
+    `output_indexer(index)` returns the position in `layout` (it may call ops.indirect_indexing,
+    so it runs under the code generator's handler, after `inner_fn`). The memory written is the
+    buffer `target`, a fresh copy of the tensor written into, computed in an earlier kernel; `name`
+    names the result, which readers load (the wrapper binds it to `target`'s memory)."""
+    output_indexer: Callable = None
+    mode: str | None = None
+    target: str = ""
+
+
+@dataclass(eq=False)
 class Reduction:
     """out[index] = reduce_{rindex} inner_fn(index, rindex), with `reduction_type` ∈ REDUCTION_IDENTITY."""
     name: str
@@ -368,6 +405,12 @@ class IRPrinter:
             return self._emit(f"ops.{name}({', '.join(_fmt(a) for a in args)})")
         return call
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        name = f"ind{self.n}"
+        self.n += 1
+        self.lines.append(f"{name} = ops.indirect_indexing({value}, {size})")
+        return indirect_symbol(name)
+
     def masked(self, mask, body, other):
         inner = IRPrinter()
         inner.n = self.n + 1
@@ -394,6 +437,10 @@ def format_buffer(buf) -> str:
         if isinstance(buf, Pointwise):
             result = buf.inner_fn(idx)
             head = f"{buf.name} = Pointwise(ranges={list(buf.ranges)}, dtype={buf.dtype.name})"
+            if isinstance(buf, Scatter):    # where it writes: through the indices it loads
+                where = buf.layout.index(buf.output_indexer(idx))
+                head = (f"{buf.name} = Scatter(ranges={list(buf.ranges)}, dtype={buf.dtype.name}, "
+                        f"into={buf.target}[{where}], mode={buf.mode})")
             sig = "def inner_fn(index):"
             unpack = f"    {', '.join(map(str, idx))}{',' if len(idx) == 1 else ''} = index" if idx else ""
         else:

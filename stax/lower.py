@@ -13,6 +13,7 @@ Where to look:
   - views as index rewrites ......................... `_lower_view` (permute, expand, slice, select, reshape)
   - broadcasting and dtype promotion ................ `_lower_pointwise`, `_half_rule`
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
+  - gathers and scatters (index, index_put) ....... lower_index.py; `_Lowering.index_put`
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
@@ -27,9 +28,10 @@ import sympy
 
 from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
-                 ModularIndexing, Pointwise, Reduction, ReinterpretView, compute_dtype,
+                 ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
                  simplify_index, with_origin)
+from .lower_index import gather_loader, index_position_fn, scatter_in_place
 from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
 
@@ -477,6 +479,7 @@ class _Lowering:
         self.inputs: list = []          # InputBuffer, in call order
         self.buffers: list = []         # computed buffers, in dependence (= emission) order
         self.env: dict = {}             # graph node -> Value (or Python scalar)
+        self.outputs: list = []         # the graph's outputs once stored (store_outputs)
         self.count = 0
 
     def new_name(self) -> str:
@@ -525,6 +528,11 @@ class _Lowering:
             v = _lower_cat(node, args[0])
         elif op in ("slice_scatter", "select_scatter"):
             v = _lower_scatter(node, args[0], args[1])
+        elif op == "index":             # a gather: a loader through loaded indices (lower_index.py)
+            v = Value(tuple(node.meta.shape), node.meta.dtype, gather_loader(node, args[0], args[1:]),
+                      cost=1 + sum(a.cost for a in args))
+        elif op == "index_put":
+            v = self.index_put(node, args[0], args[1], args[2:])
         elif op in REDUCTION_IDENTITY:
             v = _lower_reduction(node, args[0], self.new_name, self.emit)
         elif op in FALLBACK_OPS:
@@ -539,6 +547,19 @@ class _Lowering:
             if v.cost > self.inline_limit:
                 v = self.realize(v)
         self.env[node] = v
+
+    def index_put(self, node, x: Value, values: Value, indices) -> Value:
+        """index_put: a fresh copy of x (a kernel of its own), then an ir.Scatter writing `values`
+        into it at the loaded indices (+= with accumulate): two buffers, one memory."""
+        copy = self.new_name()
+        layout = Layout(tuple(x.shape), contiguous_strides(x.shape))
+        self.emit(Pointwise(copy, x.dtype, list(x.shape), x.loader, layout, list(x.origins) + [node.name]))
+        name = self.new_name()
+        origins = list(values.origins) if values.buffer is None else []
+        self.emit(Scatter(name, x.dtype, list(values.shape), values.loader, layout, origins + [node.name],
+                          index_position_fn(node, x.shape, indices),
+                          "atomic_add" if node.params["accumulate"] else None, copy))
+        return Value(tuple(x.shape), x.dtype, _load_from(name, x.dtype, layout), buffer=name)
 
     def fallback(self, node, args) -> Value:
         """§6.1: an ExternKernel running the eager implementation on stored inputs."""
@@ -574,6 +595,7 @@ class _Lowering:
                 v = Value(v.shape, v.dtype, None, buffer=name)
             seen[v.buffer] = True
             outputs.append(v.buffer)
+        self.outputs = outputs
         return outputs
 
     # step 4: write-backs of mutated inputs, each a pointwise buffer stored into the input's memory
@@ -586,8 +608,11 @@ class _Lowering:
         values = [self.env[new] for _, new in graph.mutations]
         values = [self.realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
                   for v, t in zip(values, targets)]
-        mutations = []
-        for target, v, (_, new_node) in zip(targets, values, graph.mutations):
+        mutations, outputs = [], set(self.outputs)
+        for k, (target, v, (_, new_node)) in enumerate(zip(targets, values, graph.mutations)):
+            if v.buffer is not None and scatter_in_place(self.buffers, target, v.buffer, outputs, values[k + 1:]):
+                mutations.append((target.name, v.buffer))   # the scatter wrote into the input
+                continue
             name = self.new_name()
             self.emit(Pointwise(name, target.dtype, list(target.layout.shape),
                                 _convert_loader(v, target.dtype), target.layout,

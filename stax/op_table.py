@@ -13,7 +13,8 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, cumsum, sort, nonzero, unique), scatters
+                                               fallbacks (matmul, cumsum, sort, nonzero, unique),
+                                               index / index_put (gathers and scatters), scatters
   - Philox4x32-10 (dropout's counter-based stream) ... philox_uniform, _philox_rand
   - the eager random state ................... manual_seed (tensor.py re-exports it)
 
@@ -45,7 +46,7 @@ class OpDef:
             clone: elementwise with their own lowering), "view", "reduction", "factory", "other"
             (matmul, cumsum, cat, nonzero, unique), "scatter" (graph-only: capture's
             functionalized writes through views; no eager implementation)
-    arity:  number of inputs (cat's one input is a list of tensors)
+    arity:  number of inputs (cat's one input is a list of tensors; -1: any number)
     dtype:  unary/binary output dtype rule: "same" keeps the promoted dtype, "float" turns int/bool
             into float32 (and lowering computes the op in float), "bool" gives bool
     eager:  the numpy implementation `tensor._dispatch` runs (inputs in compute form, params as kwargs)
@@ -122,6 +123,59 @@ def _arg_reduce(f):
 def _arange(start, end, step, dtype):
     n = len(range(0, math.ceil((end - start) / step)))
     return (start + np.arange(n) * step).astype(dtype.compute)
+
+
+def _wrapped_indices(indices, shape, dims, op):
+    """Index arrays broadcast together, negatives wrapped, each checked against its dim's size:
+    eager's IndexError names the op, the index as written and the size (as the kernels' do)."""
+    out = []
+    for i, d in zip(np.broadcast_arrays(*indices), dims):
+        n = shape[d]
+        w = np.where(i < 0, i + n, i).astype(np.int64)
+        bad = (w < 0) | (w >= n)
+        if bad.any():
+            raw = int(i.reshape(-1)[np.argmax(bad.reshape(-1))])
+            raise IndexError(index_message(op, d).format(raw, n))
+        out.append(w)
+    return out
+
+
+def index_message(op, dim) -> str:
+    """The IndexError text of an out-of-range index (eager, the C++ wrapper), `{}`s: index, size."""
+    return f"{op}(): index {{}} is out of bounds for dimension {dim} with size {{}}"
+
+
+def _index(x, *indices, dims, pos, op):
+    """out = x[indices at dims]: the broadcast index shape B sits at output position `pos`
+    among x's other dims (PyTorch's placement: where the indexed dims were if they are adjacent,
+    else first)."""
+    rest = [d for d in range(x.ndim) if d not in dims]
+    idx = _wrapped_indices(indices, x.shape, dims, op)
+    r = x.transpose(list(dims) + rest)[tuple(idx)]
+    nb = idx[0].ndim
+    return np.moveaxis(r, list(range(nb)), list(range(pos, pos + nb)))
+
+
+def _index_put(x, values, *indices, dims, pos, accumulate, op):
+    """A copy of x with x[indices at dims] = values (+= with `accumulate`, in index order).
+    `values` has the shape of x[indices]. A position written twice without `accumulate` keeps
+    the last value in row-major order of the index shape (as PyTorch's CPU kernels do)."""
+    rest = [d for d in range(x.ndim) if d not in dims]
+    idx = _wrapped_indices(indices, x.shape, dims, op)
+    nb = idx[0].ndim
+    xt = np.array(x.transpose(list(dims) + rest), order="C")      # a copy: never write into x
+    v = np.moveaxis(values, list(range(pos, pos + nb)), list(range(nb)))
+    lin = np.ravel_multi_index(idx, [x.shape[d] for d in dims]).reshape(-1) if idx[0].size else \
+        np.zeros(0, np.int64)
+    flat = xt.reshape((-1,) + xt.shape[len(dims):])
+    v = np.broadcast_to(v, idx[0].shape + xt.shape[len(dims):]).reshape((lin.size,) + xt.shape[len(dims):])
+    if accumulate:
+        np.add.at(flat, lin, v.astype(flat.dtype))
+    else:
+        _, first_of_reversed = np.unique(lin[::-1], return_index=True)
+        keep = lin.size - 1 - first_of_reversed
+        flat[lin[keep]] = v[keep]
+    return xt.transpose(np.argsort(list(dims) + rest))
 
 
 _rng = np.random.default_rng()
@@ -309,6 +363,10 @@ OPS = {d.name: d for d in [
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
     OpDef("unique", "other", 1, lambda x: np.unique(x.reshape(-1)), fallback=True),
+    # indirect indexing (stax/indexing.py builds every gather and scatter from these two):
+    # inputs x, [values,] then one integer index tensor per indexed dim, broadcast together
+    OpDef("index", "other", -1, _index),
+    OpDef("index_put", "other", -1, _index_put),
     # graph-only: capture.py's functional form of a write through a slice / select view
     OpDef("slice_scatter", "scatter", 2, None),
     OpDef("select_scatter", "scatter", 2, None),
@@ -320,7 +378,7 @@ OPS = {d.name: d for d in [
 # `g` is the gradient of the op's output, `F` the tensor functions autograd.py passes in (so
 # this table stays at the bottom of the stack): where, exp, sin, cos, sign, sum_to (reduce a
 # broadcast gradient to an input's shape), unreduce (broadcast a reduction's gradient back),
-# cumsum, flip, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. An op absent from the
+# cumsum, flip, index, index_put, zeros_like, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. An op absent from the
 # table has no gradient: one with integer or bool results (comparisons, argmax) needs none; a float
 # one (cumprod, sort, ...) makes backward raise when a gradient reaches it, never drop the path.
 
@@ -423,6 +481,12 @@ DERIVATIVES = {
     "cumsum": lambda F, g, ins, out, p: (F.sum(g, (p["dim"],), True) - F.cumsum(g, p["dim"]) + g
                                          if ins[0].ndim else g,),
     "matmul": lambda F, g, ins, out, p: F.matmul_grads(g, ins[0], ins[1]),
+    # a gather's gradient adds into the gathered positions; a scatter's goes to what was written
+    "index": lambda F, g, ins, out, p: (F.index_put(F.zeros_like(ins[0], g.dtype), g, ins[1:], p, True),)
+                                       + (None,) * (len(ins) - 1),
+    "index_put": lambda F, g, ins, out, p: (
+        g if p["accumulate"] else F.index_put(g, F.zeros_like(ins[1], g.dtype), ins[2:], p, False),
+        F.index(g, ins[2:], p)) + (None,) * (len(ins) - 2),
     # cat's one input is a list of tensors: one gradient per tensor of the list
     "cat": lambda F, g, ins, out, p: F.cat_grads(g, ins[0], p["dim"]),
 }

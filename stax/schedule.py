@@ -23,7 +23,8 @@ body); otherwise it starts a later kernel.
 Where to look:
   - `loop_ranges`, `_node_loops` ............ a buffer's loop nest with size-1 dims dropped
   - `_reads` ................................ the loads a body makes (run with a collecting handler)
-  - `_can_join` ............................. the fusion rule above
+  - `_can_join` ............................. the fusion rule above (an ir.Scatter runs alone, after
+                                              the copy it writes into)
   - `phases` ................................ one fused reduction kernel's passes over a row
   - `all_indices`, `all_accesses` ............ every index a group's bodies use (Prop. 6.3, §9.3)
   - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView,
+from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView, Scatter,
                  index_vars, set_handler, simplify_index)
 
 # ---- Data types ----
@@ -97,6 +98,9 @@ def node_index(buf, xvars, rvars):
 
 def store_index(buf, xvars, rvars):
     idx, _ = node_index(buf, xvars, rvars)
+    if isinstance(buf, Scatter):    # through loaded indices: symbols `indN` stand for them here
+        with set_handler(LoadCollector()):
+            return buf.layout.index(buf.output_indexer(idx))
     return buf.layout.index(idx)
 
 
@@ -127,7 +131,8 @@ def buffer_reads(buf) -> set:
                     names.add(x.buffer)
         return names
     x, r = _node_loops(buf)
-    return {name for name, _ in _reads(buf, index_vars("x", len(x)), index_vars("r", len(r)))}
+    reads = {name for name, _ in _reads(buf, index_vars("x", len(x)), index_vars("r", len(r)))}
+    return reads | {buf.target} if isinstance(buf, Scatter) else reads
 
 
 # ---- §7 Fusion ----
@@ -154,8 +159,8 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     the group exactly where that producer stores, and a write-back into input `writes_input` must
     write the very element each reader of that input in the group reads."""
     fit = _fits(group, buf)
-    if fit is None:
-        return False
+    if fit is None or isinstance(buf, Scatter) or any(isinstance(n, Scatter) for n in group.nodes):
+        return False                # a scatter's writes collide across the loop: a kernel of its own
     gx, gr = fit
     xvars, rvars = index_vars("x", len(gx)), index_vars("r", len(gr))
     ranges = dict(zip(xvars + rvars, gx + gr))
@@ -233,7 +238,7 @@ def _lifetimes(lowered, groups, group_of, readers):
         for n in g.nodes:
             private = readers.get(n.name, set()) <= {g.index}
             if (private and n.name not in outputs and n.name not in written_back
-                    and g.kind != "extern" and not _is_elementwise(n, g)):
+                    and g.kind != "extern" and not _is_elementwise(n, g) and not isinstance(n, Scatter)):
                 kernel_local.add(n.name)
     return last_use, kernel_local
 

@@ -210,6 +210,16 @@ def _fix_interpreter_bf16_casts():
     builder.cast_impl = cast_impl
 
 
+def _interpreter_asserts():
+    """STAX_DEBUG_INDEX=1's `tl.device_assert`s (triton_kernel.debug_index_checks) fire in the
+    interpreter too: its builder drops them unless its options say debug, as the compiler does."""
+    import dataclasses
+    from triton.runtime import interpreter
+    b = interpreter.interpreter_builder
+    if not b.options.debug:
+        b.options = dataclasses.replace(b.options, debug=True)
+
+
 def _fix_interpreter_bf16():
     _fix_interpreter_bf16_dot()
     _fix_interpreter_bf16_casts()
@@ -366,6 +376,8 @@ class CachingAutotuner:
             return
         if cuda.interpreting():
             _fix_interpreter_bf16()
+            if "tl.device_assert" in self.source:
+                _interpreter_asserts()
             constexprs = {k: v for k, v in cfg.items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             for name, a in zip(self.signature, args):      # no write outside any buffer

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from dataclasses import dataclass
 
 import re
@@ -34,7 +35,7 @@ import sympy
 
 from .autotune import GRID_LIMIT, MAX_OUTER_BLOCK, MAX_XBLOCK, next_pow2
 from .dtypes import bool_, int32
-from .ir import Reduction, index_vars, merge_dims, set_handler, simplify_index
+from .ir import Reduction, Scatter, index_vars, indirect_symbol, merge_dims, set_handler, simplify_index
 from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
 
@@ -104,6 +105,11 @@ class TritonIndexPrinter(IndexPrinter):
 
 _INDEX = TritonIndexPrinter()
 texpr = _INDEX.expr
+
+
+def debug_index_checks() -> bool:
+    """STAX_DEBUG_INDEX=1: GPU kernels assert that indirect indices are in bounds (§9.1)."""
+    return os.environ.get("STAX_DEBUG_INDEX", "") == "1"
 
 
 # ---- §9.3 Tiling ----
@@ -267,6 +273,23 @@ class TritonPrinter(Printer):
     def where(self, c, a, b):
         return self.emit(f"tl.where({c}, {a}, {b})", a.dtype)
 
+    def indirect_indexing(self, value, size, check=True, wrap_neg=True, where=""):
+        """A loaded integer as an index: wrapped when negative; checked only in debug mode
+        (STAX_DEBUG_INDEX=1: a `tl.device_assert`, compiled with Triton's debug option). Otherwise
+        an out-of-range index is not checked on the GPU: the access is undefined (it may read
+        other memory or fault), as in Triton and Inductor without their debug options."""
+        n = texpr(self.k.final(size))
+        v = self.emit(f"tl.where({value} < 0, {value} + {n}, {value})", value.dtype) if wrap_neg else value
+        if check and debug_index_checks():
+            masks = [f"{a.prefix}mask" for a in self.k.axes if f"{a.prefix}mask" not in self.k.always_true]
+            cond = f"(0 <= {v}) & ({v} < {n})"
+            if masks + self.masks:
+                cond = f"({cond}) | ~({' & '.join(masks + self.masks)})"
+            self.lines.append(f'tl.device_assert({cond}, "index out of bounds: 0 <= {v} < {n}")')
+        sym = indirect_symbol(v.name)
+        self.k.indirect.add(sym)
+        return sym
+
     def masked(self, mask, body, other):
         """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
         self.masks.append(str(mask))
@@ -341,6 +364,9 @@ class TritonKernel:
         self.reduction = group.kind == "reduction"
         self.target = {w: i for i, w in sched.lowered.mutations}
         self.rvars_printed = set()
+        self.indirect = set()                         # symbols bound by ops.indirect_indexing
+        self.scatter_index = {}                       # ir.Scatter name -> the index it stores at
+        self.always_true = set()                      # masks known true (set by the kernel forms)
         self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
         self.row_read_again = False                   # a later looped pass reads the row again
         self.force_form = None                        # 'red': print the looped form of a group
@@ -376,10 +402,25 @@ class TritonKernel:
 
     def mask_for(self, expr, extra=()) -> str:
         used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
+        if expr.free_symbols & self.indirect:
+            # an index loaded from memory is garbage in masked-off lanes: every axis' mask
+            used = {a.prefix for a in self.axes}
         masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
         return " & ".join(masks + list(extra))
 
+    def scatter_store(self, node, value) -> str:
+        """An ir.Scatter's write at its loaded indices: `tl.atomic_add` when it accumulates (every
+        duplicate adds), else `tl.store` (of duplicates, one unspecified write wins)."""
+        expr = self.final(self.scatter_index[node.name])
+        self.arg(node.target, read=True)    # in_out: what it leaves alone is kept (and the
+        ptr, mask = self.arg(node.target), self.mask_for(expr)   # autotuner restores it, §9.6)
+        fn = "tl.atomic_add" if node.mode == "atomic_add" else "tl.store"
+        extra = ", sem='relaxed'" if node.mode == "atomic_add" else ""
+        return f"{fn}({ptr} + ({texpr(expr)}), {value}{', ' + mask if mask else ''}{extra})"
+
     def store(self, node, value, xvars, rvars) -> str:
+        if isinstance(node, Scatter):
+            return self.scatter_store(node, value)
         expr = self.final(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
         mask = self.mask_for(expr)
@@ -393,7 +434,10 @@ class TritonKernel:
     def body(self, node, xvars, rvars, printer):
         idx, ridx = node_index(node, xvars, rvars)
         with set_handler(printer):
-            return node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+            if isinstance(node, Scatter):   # where it writes: its loaded indices
+                self.scatter_index[node.name] = node.layout.index(node.output_indexer(idx))
+        return value
 
 
 def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=None):

@@ -231,3 +231,11 @@ def test_an_op_without_a_formula_raises_instead_of_dropping_its_path():
         y.backward()
     gradcheck(lambda a, b: stax.atan2(a, b) + stax.fmod(a, b), leaf((5,), low=0.5), leaf((5,), low=2.0, high=3.0))
     gradcheck(lambda a: stax.flip(a, 0, 1), leaf((3, 4)))
+
+
+def test_gathers_and_scatters():
+    idx = stax.tensor([2, 0, 2, -1])
+    gradcheck(lambda t: t[idx] * 2, leaf((5, 3)))
+    gradcheck(lambda t: stax.gather(t, 1, stax.tensor([[0, 2], [1, 1], [2, 0]])), leaf((3, 4)))
+    gradcheck(lambda t, v: t.index_add(0, stax.tensor([1, 3, 1]), v), leaf((5, 2)), leaf((3, 2)))
+    gradcheck(lambda t, v: t.index_put((stax.tensor([0, 3]),), v), leaf((4, 2)), leaf((2, 2)))
