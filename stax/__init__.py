@@ -43,7 +43,8 @@ from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
 
-RECOMPILE_LIMIT = 8
+RECOMPILE_LIMIT = 8     # artifacts kept per function (§2.4); past it a miss compiles without keeping
+COMPILE_LIMIT = 64      # compiles per function in all (§2.4); past it a miss runs eagerly
 _MISS = object()
 
 # Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
@@ -101,6 +102,27 @@ def _rank_key_of(x):
         m = x._meta
         return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
     return _key_of(x)
+
+
+def _family_key_of(x):
+    """Automatic dynamic: calls whose tensors differ only in sizes are one family."""
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, len(m.shape))
+    return _key_of(x)
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the user's line (the first frame outside stax/)."""
+    here, level, frame = os.path.dirname(__file__), 1, sys._getframe(1)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _describe_dims(dims: dict) -> str:
+    return ", ".join(f"argument tensor {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
+                     for p, ds in dims.items() if ds)
 
 
 def _dynamic_dims(args, kwargs, auto=None) -> dict:
@@ -418,6 +440,8 @@ class CompiledFunction:
         self.stats = {"compiles": 0, "calls": 0, "eager_calls": 0, "compile_seconds": 0.0}
         self.last_generated = None
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
+        self.last_key = None            # the static key of the call last compiled (for the recompiles log)
+        self._warned: set = set()       # the §2.4 limits each warn once
         self._lock = threading.RLock()
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
@@ -482,7 +506,7 @@ class CompiledFunction:
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, lifted
-            lifted = []
+            lifted.clear()                      # (the rank key lists the same reads again)
         rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
@@ -490,58 +514,54 @@ class CompiledFunction:
             if guard(inputs):
                 return entry, lifted
         with self._lock:
-            return self._compile_dynamic(rkey, args, kwargs, lifted), lifted
+            lifted.clear()
+            return self._compile_dynamic(args, kwargs, lifted), lifted
 
-    def _compile_dynamic(self, rkey, args, kwargs, lifted):
+    def _compile_dynamic(self, args, kwargs, lifted):
+        """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
+        self._reread()
+        rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
         inputs = _capture.input_tensors(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
-        if self.reads is not None and [r.sig for r in _reads_of(self.fn)] != [r.sig for r in self.reads]:
-            self.reads = _reads_of(self.fn)
-            lifted.clear()
-            rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
-        name = getattr(self.fn, "__name__", "fn")
-        shapes = [tuple(t.shape) for t in inputs]
-        auto = None
+        key = self._key(args, kwargs, [], None)             # this call's static key
+        dims = None
         if self.dynamic is None:
-            auto = self._auto_dims(rkey, shapes, inputs)
-            if auto is None:                    # the first call of this rank key: static
-                key = self._key(args, kwargs, lifted, None)
-                entry, _, _ = self._compile(key, args, kwargs, lifted)
-                return entry
-        total = len(self.artifacts) + builtins.sum(len(v) for v in self.guarded.values())
-        _log("recompiles", name, f"recompiling {name}: no artifact's guards hold for sizes {shapes}"
-             if total else f"compiling {name} with symbolic sizes")
-        if total >= RECOMPILE_LIMIT:
-            msg = f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); " \
-                  f"last inputs: sizes {shapes}"
-            if self.fullgraph:
-                raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
-            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=4)
+            if key in self.artifacts:                       # another thread compiled it static
+                return self.artifacts[key]
+            dims = self._auto_dims(self._key(args, kwargs, [], None, _family_key_of), inputs)
+            if dims is None:            # the first call of its family (or no size changed): static
+                return self._compile(key, args, kwargs, lifted)[0]
+        name = getattr(self.fn, "__name__", "fn")
+        change = self._describe(key) if self.last_key is not None else None
+        _log("recompiles", name, f"recompiling {name}: {change}; sizes that changed become symbols "
+             f"({_describe_dims(dims)})" if change and dims is not None else
+             f"recompiling {name}: {change}" if change else f"compiling {name} with symbolic sizes")
+        admit = self._admit(name, change or "new sizes")
+        if admit == "eager":
             self.guarded.setdefault(rkey, []).append((lambda inputs: True, None))
             return None
-        dims = _dynamic_dims(args, kwargs, auto)
-        guard, entry = self._build_dynamic(rkey, args, kwargs, lifted, name, dims, inputs)
-        self.guarded.setdefault(rkey, []).append((guard, entry))
+        self.last_key = key
+        guard, entry = self._build_dynamic(args, kwargs, lifted, name, _dynamic_dims(args, kwargs, dims), inputs)
+        if admit == "store":
+            self.guarded.setdefault(rkey, []).append((guard, entry))
         return entry
 
-    def _auto_dims(self, rkey, shapes, inputs):
-        """Automatic dynamic: None on the first call of a rank key (compile it static); after
-        that, the dims whose sizes changed since (plus those marked dynamic) become symbols."""
-        marked = {p: set(getattr(t, "_stax_dynamic", ())) for p, t in enumerate(inputs)}
-        first = self.seen_shapes.get(rkey)
-        if first is None and not builtins.any(marked.values()):
-            self.seen_shapes[rkey] = shapes
-            return None
-        dims = self.auto_dims.setdefault(rkey, {})
-        for p, shape in enumerate(shapes):
-            changed = {d for d in range(len(shape)) if first is not None and shape[d] != first[p][d]}
-            static = set(getattr(inputs[p], "_stax_static", ()))
-            dims[p] = sorted((set(dims.get(p, ())) | changed | marked[p]) - static)
-        return dims
+    def _auto_dims(self, family, inputs):
+        """Automatic dynamic: None on the first call of a family (same dtypes, devices, ranks and
+        reads; compile it static); after that, {input position: dims} whose sizes changed since
+        the first call (accumulated), plus those marked dynamic; None while there are none."""
+        shapes = [tuple(t.shape) for t in inputs]
+        first = self.seen_shapes.setdefault(family, shapes)
+        dims = self.auto_dims.setdefault(family, {})
+        for p, (t, shape) in enumerate(zip(inputs, shapes)):
+            changed = {d for d in range(len(shape)) if shape[d] != first[p][d]}
+            static = set(getattr(t, "_stax_static", ()))
+            dims[p] = sorted((set(dims.get(p, ())) | changed | set(getattr(t, "_stax_dynamic", ()))) - static)
+        return dims if builtins.any(dims.values()) else None
 
-    def _build_dynamic(self, rkey, args, kwargs, lifted, name, dims, inputs):
+    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs):
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
@@ -573,29 +593,63 @@ class CompiledFunction:
         entry = self.artifacts.get(key, _MISS)
         if entry is not _MISS:
             return entry, key, lifted
-        reads = _reads_of(self.fn)              # a function read may have been rebound: read again
-        if [r.sig for r in reads] != [r.sig for r in self.reads]:
-            self.reads, lifted = reads, []
+        if self._reread():                      # a function read was rebound: key it again
+            lifted = []
             key = self._key(args, kwargs, lifted, _capture.call_aliasing(args, kwargs))
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, key, lifted
         name = getattr(self.fn, "__name__", "fn")
-        if self.artifacts:
-            _log("recompiles", name, f"recompiling {name}: {self._describe(key)}")
-        if len(self.artifacts) >= RECOMPILE_LIMIT:
-            msg = (f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); "
-                   f"last change: {self._describe(key)}")
-            if self.fullgraph:
-                raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
-            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=3)
+        change = self._describe(key) if self.last_key is not None else None
+        if change:
+            _log("recompiles", name, f"recompiling {name}: {change}")
+        admit = self._admit(name, change or "a new specialization")
+        if admit == "eager":
             self.artifacts[key] = None
             return None, key, lifted
-        self.artifacts[key] = entry = self._build(key, args, kwargs, lifted, name)
+        self.last_key = key
+        entry = self._build(key, args, kwargs, lifted, name)
+        if admit == "store":
+            self.artifacts[key] = entry
         return entry, key, lifted
 
+    def _reread(self) -> bool:
+        """Walk the function's reads again (a function it calls may have been rebound): changed?"""
+        reads = _reads_of(self.fn)
+        if [r.sig for r in reads] == [r.sig for r in self.reads]:
+            return False
+        self.reads = reads
+        return True
+
+    def _admit(self, name, change) -> str:
+        """§2.4 limits on a miss: "store" the new artifact; "run" it without storing it, once
+        RECOMPILE_LIMIT artifacts are stored (fullgraph=True raises there); "eager" once the
+        function has compiled COMPILE_LIMIT times in all. Each limit warns once."""
+        stored = builtins.sum(e is not None for e in self.artifacts.values()) + \
+            builtins.sum(e is not None for v in self.guarded.values() for _, e in v)
+        if stored < RECOMPILE_LIMIT:
+            return "store"
+        msg = f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); " \
+              f"last change: {change}"
+        if self.fullgraph:
+            raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, use dynamic=True, "
+                               "or drop fullgraph=True.")
+        if self.stats["compiles"] >= COMPILE_LIMIT:
+            if "eager" not in self._warned:
+                self._warned.add("eager")
+                warnings.warn(f"stax.compile: {name} compiled {COMPILE_LIMIT} times (the cumulative "
+                              f"limit, stax.COMPILE_LIMIT); running eagerly from now on for new inputs "
+                              f"(last change: {change}).", stacklevel=_user_stacklevel())
+            return "eager"
+        if "run" not in self._warned:
+            self._warned.add("run")
+            warnings.warn(msg + "; a new specialization is compiled on each miss and not kept, up to "
+                          f"{COMPILE_LIMIT} compiles in all (then eager). dynamic=True or fewer "
+                          "distinct shapes/dtypes avoids it.", stacklevel=_user_stacklevel())
+        return "run"
+
     def _describe(self, key) -> str:
-        old = next(reversed(self.artifacts))
+        old = self.last_key
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
             return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
         return _describe_change(old, key)
@@ -644,14 +698,17 @@ def compile_source(source: str, filename: str):
     return builtins.compile(source, filename, "exec")
 
 
-def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, mode=None, options=None):
+def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mode=None, options=None):
     """Compile `fn` (also usable as `@stax.compile` and `@stax.compile(...)`).
 
-    dynamic: False: one specialization per input shape (the key holds sizes and strides).
-             True: sizes are symbols (§10.4): the key holds ranks, and each artifact carries a
-             guard function on the layouts it serves (STAX_LOGS=guards prints it).
-             None: automatic dynamic: the first call compiles static; a later call that differs
-             only in sizes compiles one artifact in which the dims that changed are symbols.
+    dynamic: None (the default): automatic dynamic (§10.4): the first call compiles static; a
+             later call that differs only in sizes compiles one artifact in which the dims that
+             changed are symbols, and it serves every later size (0 and 1 stay specialized).
+             False: one specialization per input shape (the key holds sizes and strides).
+             True: every size is a symbol from the first call: the key holds ranks, and each
+             artifact carries a guard function on the layouts it serves (STAX_LOGS=guards).
+             Limits (§2.4): past RECOMPILE_LIMIT kept artifacts a miss compiles without keeping
+             the artifact (fullgraph=True raises); past COMPILE_LIMIT compiles, a miss runs eagerly.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
     mode: None/"default" (the CPU back end ignores "reduce-overhead" and "max-autotune").
     """

@@ -1,0 +1,140 @@
+"""Automatic dynamic, the default (`stax.compile(fn)` is `dynamic=None`, issue 10 item 3), and the
+§2.4 limits.
+
+The first call compiles static; a later call that differs only in sizes makes the dims that
+changed symbols, and one guarded artifact serves from then on. Sizes 0 and 1 keep their own static
+artifacts, a new dtype, rank or layout of what the function reads starts a new family (static
+first again). The counts here are the acceptance checks; every result is checked against float64
+numpy on fresh random inputs.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+import stax
+
+rng = np.random.default_rng(2024)
+
+
+def _rand(*shape, dtype=np.float32):
+    return stax.from_numpy(rng.standard_normal(shape).astype(dtype))
+
+
+def _f64(t):
+    return t.numpy().astype(np.float64)
+
+
+def _check(got, want):
+    np.testing.assert_allclose(got.numpy().astype(np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_default_is_automatic_dynamic():
+    assert stax.compile(lambda x: x).dynamic is None
+    assert stax.compile(dynamic=False)(lambda x: x).dynamic is False
+
+
+def test_a_loop_over_100_batch_sizes_compiles_at_most_twice():
+    fn = lambda x, w: (x * w).sum(-1)      # noqa: E731
+    cf = stax.compile(fn)
+    w = _rand(7)
+    for n in range(1, 101):                # 1 (static: sizes 1 are specialized), then 2..100 symbolic
+        x = _rand(n, 7)
+        _check(cf(x, w), (_f64(x) * _f64(w)).sum(-1))
+    assert cf.stats["compiles"] == 2 and cf.stats["eager_calls"] == 0, cf.stats
+    wrapper = cf.last_generated.wrapper
+    assert "s0 = arg0_1.shape[0]" in wrapper and "(s0, 7)" in wrapper   # only dim 0 became a symbol
+
+
+def test_first_shape_keeps_its_static_artifact_and_changed_dims_accumulate():
+    cf = stax.compile(lambda x: x * 2 + 1)
+    first = _rand(4, 6)
+    cf(first)
+    for shape in [(5, 6), (9, 6), (4, 6)]:     # dim 0 changes: one symbolic artifact; (4, 6): static
+        x = _rand(*shape)
+        _check(cf(x), _f64(x) * 2 + 1)
+    assert cf.stats["compiles"] == 2
+    for shape in [(4, 11), (13, 3)]:           # dim 1 changes too: both dims symbols, once
+        x = _rand(*shape)
+        _check(cf(x), _f64(x) * 2 + 1)
+    assert cf.stats["compiles"] == 3
+    assert "(s0, s1)" in cf.last_generated.wrapper
+    for shape in [(0, 6), (1, 1), (17, 2)]:    # 0/1 sizes: their own specializations
+        x = _rand(*shape)
+        _check(cf(x), _f64(x) * 2 + 1)
+    assert cf.stats["compiles"] == 5 and cf.stats["eager_calls"] == 0
+
+
+def test_a_new_dtype_or_layout_starts_static_again():
+    cf = stax.compile(lambda x: x - 3)
+    for x in (_rand(3, 4), _rand(5, 4), _rand(6, 4)):       # static, then symbolic
+        _check(cf(x), _f64(x) - 3)
+    assert cf.stats["compiles"] == 2
+    for x in (_rand(3, 4, dtype=np.float64), _rand(8, 4, dtype=np.float64)):
+        _check(cf(x), _f64(x) - 3)
+    assert cf.stats["compiles"] == 4
+    t = _rand(4, 9).t()                                      # transposed: the guard's strides fail
+    _check(cf(t), _f64(t) - 3)
+    assert cf.stats["compiles"] == 5
+
+
+W = stax.tensor([1.0, 2.0, 3.0])
+SCALE = 2.0
+
+
+def _reads_globals(x):
+    return x * SCALE + W
+
+
+def test_rebinding_a_global_tensor_or_scalar_does_not_multiply_compiles(monkeypatch):
+    """The static key and the family key both list the global tensor by layout (the first
+    automatic-dynamic attempt keyed the static artifact by a stale lifted list: a rebound global
+    tensor recompiled every time)."""
+    mod = sys.modules[__name__]
+    cf = stax.compile(_reads_globals)
+    x = _rand(3)
+    _check(cf(x), _f64(x) * 2 + _f64(W))
+    monkeypatch.setattr(mod, "W", _rand(3))                 # same layout: read fresh, no recompile
+    _check(cf(x), _f64(x) * 2 + _f64(W))
+    monkeypatch.setattr(mod, "SCALE", -0.5)
+    _check(cf(x), _f64(x) * -0.5 + _f64(W))
+    monkeypatch.setattr(mod, "SCALE", 2.0)                  # back: the first artifact
+    _check(cf(x), _f64(x) * 2 + _f64(W))
+    assert cf.stats["compiles"] == 2
+    y = _rand(2, 3)                                          # a new rank: static, then symbolic
+    _check(cf(y), _f64(y) * 2 + _f64(W))
+    y = _rand(5, 3)
+    _check(cf(y), _f64(y) * 2 + _f64(W))
+    monkeypatch.setattr(mod, "W", _rand(3))
+    y = _rand(9, 3)
+    _check(cf(y), _f64(y) * 2 + _f64(W))
+    assert cf.stats["compiles"] == 4 and cf.stats["eager_calls"] == 0
+
+
+def test_recompiles_log_says_which_dims_became_symbols(monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "recompiles")
+    cf = stax.compile(lambda x: x.sum(0))
+    cf(_rand(3, 4))
+    cf(_rand(3, 5))
+    err = capsys.readouterr().err
+    assert "size changed from (3, 4) to (3, 5)" in err and "become symbols (argument tensor 0 dim 1)" in err
+
+
+def test_aliased_inputs_stay_static_and_correct():
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+    cf = stax.compile(f)
+    for n in (3, 4, 5):
+        x = _rand(n)
+        want = (_f64(x) + 1) * 2
+        _check(cf(x, x), want)
+    assert cf.stats["eager_calls"] == 0
+
+
+def test_fullgraph_raises_at_the_recompile_limit(monkeypatch):
+    monkeypatch.setattr(stax, "RECOMPILE_LIMIT", 1)
+    cf = stax.compile(lambda x: x + 1, fullgraph=True)
+    cf(_rand(3))
+    with pytest.raises(RuntimeError, match="recompile limit"):
+        cf(_rand(4))
