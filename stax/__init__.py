@@ -36,7 +36,8 @@ import numpy as np
 
 from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
+from .dtypes import bool_ as _bool
+from .tensor import Meta, Storage, Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 
@@ -97,19 +98,39 @@ def _key_of(x):
 
 def _rank_key_of(x):
     """§10.4 dynamic mode: a tensor's key holds its rank and which dims are 0 or 1 (specialized),
-    not its sizes; the rest of the layout is checked by each artifact's guard function."""
+    not its sizes; the rest of the layout is checked by each artifact's guard function. An int
+    argument >= 2 is a size too (`_sized_ints`): its value is checked by the guard function."""
     if x.__class__ is Tensor:
         m = x._meta
         return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
     return _key_of(x)
 
 
 def _family_key_of(x):
-    """Automatic dynamic: calls whose tensors differ only in sizes are one family."""
+    """Automatic dynamic: calls whose tensors differ only in sizes (and whose int arguments differ
+    only in value) are one family."""
     if x.__class__ is Tensor:
         m = x._meta
         return ("tensor", m.dtype.name, m.device, len(m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
     return _key_of(x)
+
+
+_CARRIER_STORAGE = Storage(np.zeros(1, np.bool_))
+
+
+def _sized_ints(args, kwargs) -> list:
+    """§10.4: the int arguments (top level, >= 2) that dynamic mode may make symbols, each carried
+    as the size of a stride-0 1-D tensor (no memory of its own): (position or keyword, carrier).
+    The guard function and the wrapper then read it like any size; 0, 1 and negative ints stay in
+    the key by value."""
+    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.int and a >= 2]
+    if kwargs:
+        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.int and kwargs[k] >= 2]
+    return [(where, Tensor._make(_CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
 
 
 def _user_stacklevel() -> int:
@@ -125,10 +146,10 @@ def _describe_dims(dims: dict) -> str:
                      for p, ds in dims.items() if ds)
 
 
-def _dynamic_dims(args, kwargs, auto=None) -> dict:
+def _dynamic_dims(args, kwargs, auto=None, ints=0) -> dict:
     """Input position (capture's placeholder order) -> the dims that become symbols: every dim
     of a tensor argument (or those `auto` lists), none of a tensor inside a list, tuple or dict
-    (those stay specialized, §10.4)."""
+    (those stay specialized, §10.4); then the `ints` carriers of int arguments."""
     out, pos = {}, 0
     for top in list(args) + [kwargs[k] for k in sorted(kwargs or {})]:
         for t in _capture.input_tensors([top]):
@@ -140,7 +161,15 @@ def _dynamic_dims(args, kwargs, auto=None) -> dict:
                 marked = getattr(t, "_stax_static", ())
                 out[pos] = tuple(d for d in range(t.ndim) if d not in marked)
             pos += 1
+    for p in range(pos, pos + ints):
+        out[p] = (0,) if auto is None else tuple(auto.get(p, ()))
     return out
+
+
+def _dynamic_inputs(args, kwargs) -> list:
+    """What a dynamic artifact's guard function and wrapper read: the call's tensors, then the
+    carriers of its int arguments."""
+    return _capture.input_tensors(args, kwargs) + [c for _, c in _sized_ints(args, kwargs)]
 
 
 def mark_dynamic(t, dim):
@@ -484,8 +513,10 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         call, spec, flat, consts, lifts, _ = entry
         # the common call, tensors and scalars passed positionally, skips walking nested arguments
-        inputs = [a for a in args if a.__class__ is Tensor] if flat and not kwargs else \
+        inputs = [a for a in args if a.__class__ is Tensor] if flat is True and not kwargs else \
             _capture.input_tensors(args, kwargs)
+        if flat == "sized":                     # a dynamic artifact: int arguments as carriers
+            inputs = _dynamic_inputs(args, kwargs)
         if lifts:                               # the tensors those names hold now, not at capture
             consts = list(consts)
             for pos, k in lifts:
@@ -510,7 +541,7 @@ class CompiledFunction:
         rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
-            inputs = inputs if inputs is not None else _capture.input_tensors(args, kwargs)
+            inputs = inputs if inputs is not None else _dynamic_inputs(args, kwargs)
             if guard(inputs):
                 return entry, lifted
         with self._lock:
@@ -521,7 +552,7 @@ class CompiledFunction:
         """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
         self._reread()
         rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
-        inputs = _capture.input_tensors(args, kwargs)
+        inputs = _dynamic_inputs(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
@@ -543,7 +574,9 @@ class CompiledFunction:
             self.guarded.setdefault(rkey, []).append((lambda inputs: True, None))
             return None
         self.last_key = key
-        guard, entry = self._build_dynamic(args, kwargs, lifted, name, _dynamic_dims(args, kwargs, dims), inputs)
+        sized = _sized_ints(args, kwargs)
+        dims = _dynamic_dims(args, kwargs, dims, len(sized))
+        guard, entry = self._build_dynamic(args, kwargs, lifted, name, dims, inputs, sized)
         if admit == "store":
             self.guarded.setdefault(rkey, []).append((guard, entry))
         return entry
@@ -561,12 +594,12 @@ class CompiledFunction:
             dims[p] = sorted((set(dims.get(p, ())) | changed | set(getattr(t, "_stax_dynamic", ()))) - static)
         return dims if builtins.any(dims.values()) else None
 
-    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs):
+    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs, sized):
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
         env = dynshape.ShapeEnv()
-        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims)
+        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized)
         if captured is None:
             return (lambda inputs: True), None
         graph, spec = captured
@@ -586,7 +619,7 @@ class CompiledFunction:
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         _log("guards", name, source)
-        return guard, (call, spec, False, consts, lifts, [r.value() for r in self.reads])
+        return guard, (call, spec, "sized", consts, lifts, [r.value() for r in self.reads])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import DType
-from .tensor import VIEW_OPS, Meta, Storage, Tensor, _dispatch, current_tracer, set_tracer
+from .tensor import VIEW_OPS, Meta, Storage, SymbolicInt, Tensor, _dispatch, current_tracer, set_tracer
 
 # ---- §3 The graph ----
 
@@ -520,6 +520,7 @@ def _print_breaks_graph(tracer):
 _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, never enters the graph
 _ALIAS = object()    # spec kind of an output that is an input or a view of one: rebuilt from the input
 _SAME = object()     # spec kind of a tensor already returned at an earlier leaf
+_SIZE = object()     # spec kind of an int output that is a symbolic size: computed from the inputs
 
 
 def _input_alias(t, tracer):
@@ -550,6 +551,8 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return (type(obj), [_flatten(x, leaves, alias) for x in obj])
     if isinstance(obj, dict):
         return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
+    if isinstance(obj, SymbolicInt):   # a size returned as a number: read at run time
+        return _size_output(obj)
     if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
@@ -562,6 +565,18 @@ def _flatten(obj, leaves, alias=lambda t: None):
     return None
 
 
+def _size_output(size):
+    """The spec of an int output that is a size expression (dynamic mode, §10.4): computed on each
+    call from the inputs' sizes, where every symbol in it is read from; else specialized."""
+    from .dynshape import pyexpr
+    env, syms = size.env, sorted(size.expr.free_symbols, key=str)
+    if any(s not in env.sources for s in syms):
+        return (_CONST, int(size))          # (a data-dependent size: guarded at its value)
+    fn = eval(f"lambda {', '.join(map(str, syms))}: int({pyexpr(size.expr)})", {})   # noqa: S307
+    where = [env.sources[s] for s in syms]
+    return (_SIZE, (fn, where))
+
+
 def _build(spec, leaves, order, inputs):
     # a plain recursive function, not a closure over itself: a self-referencing closure is a cycle
     # that would keep every call's outputs alive until the garbage collector runs (memory.py)
@@ -572,6 +587,9 @@ def _build(spec, leaves, order, inputs):
         return items
     if kind is _SAME:
         return leaves[items]
+    if kind is _SIZE:
+        fn, where = items
+        return fn(*[inputs[p]._meta.shape[d] for p, d in where])
     if kind is _ALIAS:
         k, view_ops = items
         return _replay_views(inputs[k], view_ops)
@@ -606,10 +624,14 @@ def input_tensors(args, kwargs=None) -> list:
     return found
 
 
-def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None):
+def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
+            sized_ints=()):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
-    Non-tensor arguments are passed through unchanged (their values are part of the key).
+    Non-tensor arguments are passed through unchanged (their values are part of the key), except
+    `sized_ints` (dynamic mode, §10.4): (argument position or keyword, carrier) pairs, an int
+    argument carried as the size of a 1-D tensor placed after the call's tensors; the function
+    gets that placeholder's `shape[0]`, a SymInt when the size is a symbol.
     Tensor inputs that share memory become views of one base placeholder (`aliasing`).
     Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
     a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
@@ -617,8 +639,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
     tracer = Tracer(shape_env, dynamic_dims)
-    real = input_tensors(args, kwargs)
-    alias = aliasing(real)
+    real = input_tensors(args, kwargs) + [c for _, c in sized_ints]
+    alias = aliasing(real) if not sized_ints else None
     prev = set_tracer(tracer)
     try:
         with _print_breaks_graph(tracer):
@@ -626,6 +648,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
             proxies = _map_tensors(list(args), lambda t: next(made))
             kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)],
                                                        lambda t: next(made))))
+            for where, _ in sized_ints:     # an int argument: its carrier's size (a SymInt)
+                (kw if isinstance(where, str) else proxies)[where] = next(made).shape[0]
             result = fn(*proxies, **kw)
             leaves = []
             # the outputs are read while tracing: a view of a value updated in place since the view

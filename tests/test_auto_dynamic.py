@@ -138,3 +138,49 @@ def test_fullgraph_raises_at_the_recompile_limit(monkeypatch):
     cf(_rand(3))
     with pytest.raises(RuntimeError, match="recompile limit"):
         cf(_rand(4))
+
+
+# ---- int arguments are sizes: symbols under automatic dynamic (issue 10 item 3) ----
+
+
+def test_an_int_step_counter_does_not_recompile_every_call():
+    def step(p, g, t, *, warmup=4):
+        upd = p - g * t                    # the counter as a run-time scalar
+        head = upd[:t].sum()               # ... as a slice bound (x[:t] clamps under guards)
+        return upd * 0.5 + head, t + 1, warmup * 2
+    cf = stax.compile(step)
+    p, g = _rand(40), _rand(40)
+    for t in range(2, 32):
+        upd, t_next, w = cf(p, g, t, warmup=t % 3 + 2)
+        P, G = _f64(p), _f64(g)
+        want = (P - G * t) * 0.5 + (P - G * t)[:t].sum()
+        np.testing.assert_allclose(upd.numpy(), want, rtol=1e-4, atol=1e-4)
+        assert t_next == t + 1 and type(t_next) is int        # a size output: computed per call
+        assert w == (t % 3 + 2) * 2 and type(w) is int
+    assert cf.stats["compiles"] <= 3 and cf.stats["eager_calls"] == 0, cf.stats
+    assert "assert_size_stride(arg2_1, (s0,), (0,))" in cf.last_generated.wrapper   # the carrier
+
+
+def test_small_and_negative_ints_and_dynamic_true():
+    fn = lambda x, n: x[:n] * n if n > 0 else x * n      # noqa: E731
+    cf = stax.compile(fn)
+    x = _rand(9)
+    for n in (0, 1, -3, 5, 6, 7, 1, 0, 12):   # 0, 1 and negatives keyed by value; then symbolic
+        X = _f64(x)
+        _check(cf(x, n), X[:n] * n if n > 0 else X * n)
+    assert cf.stats["eager_calls"] == 0 and cf.stats["compiles"] <= 6
+    dyn = stax.compile(lambda x, n: x.reshape(n, -1).sum(0), dynamic=True)
+    for n in (2, 3, 4, 6):                    # one artifact from the first call on
+        x = _rand(12)
+        _check(dyn(x, n), _f64(x).reshape(n, -1).sum(0))
+    assert dyn.stats["compiles"] == 1
+
+
+def test_an_int_in_float_arithmetic_is_specialized_and_correct():
+    """`1.0 / t` needs a number: the symbol is specialized under a guard, so each value compiles
+    (until the limits): correct, not fast. Pass such a value as a tensor to avoid it."""
+    cf = stax.compile(lambda x, t: x * (1.0 / t))
+    for t in (3, 4, 3):
+        x = _rand(5)
+        _check(cf(x, t), _f64(x) * (1.0 / t))
+    assert cf.stats["compiles"] == 2
