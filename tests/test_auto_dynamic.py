@@ -184,3 +184,18 @@ def test_an_int_in_float_arithmetic_is_specialized_and_correct():
         x = _rand(5)
         _check(cf(x, t), _f64(x) * (1.0 / t))
     assert cf.stats["compiles"] == 2
+
+
+def test_int_counter_and_changing_sizes_through_triton():
+    # (on the GPU when there is one; conftest runs Triton's interpreter otherwise)
+    def fn(x, t):
+        return (x * t + x[:, :t].sum(-1, keepdim=True)).sum(0), t * 2
+    cf = stax.compile(fn)
+    for n, t in ((5, 2), (6, 3), (9, 4), (17, 5)):
+        x = _rand(n, 8)
+        out, t2 = cf(x.to("cuda"), t)
+        X = _f64(x)
+        np.testing.assert_allclose(out.cpu().numpy(), (X * t + X[:, :t].sum(-1, keepdims=True)).sum(0),
+                                   rtol=1e-4, atol=1e-4)
+        assert t2 == 2 * t
+    assert cf.stats["compiles"] == 2 and cf.stats["eager_calls"] == 0
