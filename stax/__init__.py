@@ -25,6 +25,7 @@ import dis
 import functools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -456,9 +457,10 @@ class CompiledFunction:
     is compiled once; different functions compile concurrently.
     """
 
-    def __init__(self, fn, fullgraph: bool, mode, options, dynamic=False):
+    def __init__(self, fn, fullgraph: bool, mode, options, dynamic=False, strict_native=False):
         functools.update_wrapper(self, fn)
         self.fn, self.fullgraph, self.mode, self.options = fn, fullgraph, mode, options or {}
+        self.strict_native = strict_native  # raise where a region would run as a host fallback (§6.1)
         self.dynamic = dynamic          # False: sizes in the key; True: ranks (§10.4); None: automatic
         self.guarded: dict = {}         # rank key -> [(guard function, entry)], tried in turn (§10.4)
         self.seen_shapes: dict = {}     # rank key -> the input shapes of its first static compile
@@ -612,6 +614,8 @@ class CompiledFunction:
             raise RuntimeError(f"stax internal error: the guards of {name} do not hold for the "
                                f"inputs they were captured on:\n{source}")
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        if self.strict_native:
+            _check_native(gen, name)
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
@@ -708,6 +712,8 @@ class CompiledFunction:
             return None
         graph, spec = captured
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        if self.strict_native:
+            _check_native(gen, name)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
@@ -726,12 +732,26 @@ class CompiledFunction:
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
 
 
+_EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")
+
+
+def _check_native(gen, name):
+    """strict_native=True (§10.4, §11.3): a region Stax cannot generate code for runs its eager
+    implementation on the host (an `extern_kernel` line in the wrapper): raise instead."""
+    ops = sorted(set(_EXTERN_CALL.findall(gen.wrapper)))
+    if ops:
+        raise RuntimeError(f"stax.compile(strict_native=True): {name} needs host fallback kernels "
+                           f"for {', '.join(ops)} (no generated code for them on this back end); "
+                           "drop strict_native=True to run them with their eager implementation")
+
+
 def compile_source(source: str, filename: str):
     """Python's builtin compile (this module's `compile` is stax.compile)."""
     return builtins.compile(source, filename, "exec")
 
 
-def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mode=None, options=None):
+def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mode=None, options=None,
+            strict_native: bool = False):
     """Compile `fn` (also usable as `@stax.compile` and `@stax.compile(...)`).
 
     dynamic: None (the default): automatic dynamic (§10.4): the first call compiles static; a
@@ -743,6 +763,8 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
              Limits (§2.4): past RECOMPILE_LIMIT kept artifacts a miss compiles without keeping
              the artifact (fullgraph=True raises); past COMPILE_LIMIT compiles, a miss runs eagerly.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
+    strict_native: raise instead of running a region with no generated code (a §6.1 fallback
+             such as matmul on the CPU, nonzero, unique, rand) with its eager implementation.
     mode: None/"default" (the CPU back end ignores "reduce-overhead" and "max-autotune").
     """
     if dynamic not in (None, True, False):
@@ -751,7 +773,8 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
         raise ValueError(f"stax.compile: unknown mode {mode!r}; choose None, 'default', "
                          "'reduce-overhead' or 'max-autotune'")
     if fn is None:
-        return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options)
+        return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options,
+                                 strict_native=strict_native)
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
-    return CompiledFunction(fn, fullgraph, mode, options, dynamic)
+    return CompiledFunction(fn, fullgraph, mode, options, dynamic, strict_native)

@@ -332,3 +332,21 @@ def test_eager_ops_in_other_threads_while_one_captures():
     t.join()
     assert seen == {"value": 11.0, "zeros": [0.0, 0.0]}
     same(out, [3.0, 3.0])
+
+
+# ---- strict_native=True (§10.4, §11.3): no host fallbacks ----
+
+
+def test_strict_native_raises_where_a_region_would_run_on_the_host():
+    rng = np.random.default_rng(5)
+    x = stax.from_numpy(rng.standard_normal((5, 5)).astype(np.float32))
+    with pytest.raises(RuntimeError, match="strict_native=True.*matmul"):
+        stax.compile(lambda a: a @ a + 1, strict_native=True)(x)          # a host fallback on the CPU
+    with pytest.raises(RuntimeError, match="nonzero"):
+        stax.compile(lambda a: stax.nonzero(a > 0), strict_native=True, dynamic=True)(x)
+    ok = stax.compile(lambda a: (a * 2).sum(0), strict_native=True)
+    same(ok(x), (x.numpy().astype(np.float64) * 2).sum(0))
+    same(stax.compile(lambda a: a @ a + 1)(x), x.numpy().astype(np.float64) @ x.numpy() + 1)
+    # the GPU prints matmul as a Triton template: native there (interpreter without a GPU)
+    got = stax.compile(lambda a: a @ a + 1, strict_native=True)(x.to("cuda")).cpu()
+    np.testing.assert_allclose(np.asarray(got), x.numpy().astype(np.float64) @ x.numpy() + 1, rtol=1e-4, atol=1e-4)
