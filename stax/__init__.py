@@ -14,7 +14,11 @@ Where to look:
   - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit,
                                             one compile per key across threads (a lock per function)
   - `_reads_of`, `_guard_key` ............. §2 guards on what the function reads besides its arguments
-                                            (globals, closure cells, attributes): rebinding recompiles
+                                            (globals, closure cells, attributes, attributes of its
+                                            argument objects): rebinding recompiles
+  - `_lookup_dynamic`, `_auto_dims` ...... §10.4 dynamic and automatic dynamic (the default) mode;
+                                            `_sized_ints`: int arguments as sizes
+  - `_admit` ............................. §2.4 the recompile and cumulative compile limits
   - `generate`, `Generated` .............. the generated code without running it
   - `_compile_graph` ..................... the pipeline, stage by stage, with STAX_LOGS output
 """
@@ -48,6 +52,7 @@ for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, s
 RECOMPILE_LIMIT = 8     # artifacts kept per function (§2.4); past it a miss compiles without keeping
 COMPILE_LIMIT = 64      # compiles per function in all (§2.4); past it a miss runs eagerly
 _MISS = object()
+_IN_KEY = object()      # an argument's attribute that the argument's own key covers
 
 # Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
 # appended to it and remembers the inputs of its last call (`last_inputs`), so that the CLI can
@@ -215,6 +220,8 @@ def _describe_change(old, new) -> str:
 
 _LIBRARY_ROOTS = frozenset(sys.stdlib_module_names) | {"stax", "numpy", "torch", "sympy", "triton", "cffi"}
 _PLAIN = (builtins.bool, builtins.int, builtins.float, str, type(None))
+_KEYED = (Tensor, builtins.bool, builtins.int, builtins.float, str, type(None), tuple, list, dict,
+          np.ndarray, complex, bytes)
 _NAMED = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
 _MAX_WALKED = 64    # functions walked for reads, per compiled function (deep call trees stop here)
 
@@ -229,11 +236,12 @@ def _is_library(v) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class _Read:
-    """One value the function reads: `root` (a globals dict, a closure cell, or the object bound
-    to `self`), then the attributes `attrs`. `base` is the variable's name, for the log."""
+    """One value the function reads: `root` (a globals dict, a closure cell, the object bound
+    to `self`, or the position of an argument), then the attributes `attrs`. `base` is the
+    variable's name, for the log."""
     root: object
-    kind: str           # "global", "closure" or "object"
-    key: str            # the global's name (kind "global")
+    kind: str           # "global", "closure", "object" or "argument" (root: its position or None)
+    key: str            # the global's or the argument's name (kinds "global", "argument")
     attrs: tuple
     base: str
 
@@ -243,13 +251,18 @@ class _Read:
 
     @property
     def sig(self) -> tuple:
-        return (id(self.root), self.key, self.attrs)
+        return ("argument" if self.kind == "argument" else id(self.root), self.key, self.attrs)
 
     def prefix(self, k: int):
         return _Read(self.root, self.kind, self.key, self.attrs[:k], self.base)
 
-    def value(self):
-        if self.kind == "global":
+    def value(self, call=None):
+        """The value now; for an attribute of an argument, of the call `call` = (args, kwargs)."""
+        if self.kind == "argument":
+            v = self.argument(call)
+            if v is _IN_KEY:
+                return v
+        elif self.kind == "global":
             v = self.root.get(self.key, _MISS)
             if not self.attrs:
                 return v
@@ -265,6 +278,15 @@ class _Read:
                 break
             v = getattr(v, a, _MISS)
         return v
+
+    def argument(self, call):
+        """The argument itself; _IN_KEY when the key already covers it (a tensor, a scalar, a
+        container, an array: their attributes are metadata or methods, never guarded apart)."""
+        if call is None:
+            return _MISS
+        args, kwargs = call
+        v = args[self.root] if self.root is not None and self.root < len(args) else kwargs.get(self.key, _MISS)
+        return _IN_KEY if isinstance(v, _KEYED) else v
 
 
 def _chains(code):
@@ -284,8 +306,19 @@ def _chains(code):
     return out
 
 
-def _walk(fn, self_read, found: dict, walked: set):
-    """Add the reads of function `fn` and of its nested code (lambdas, comprehensions) to `found`."""
+def _params(fn) -> dict:
+    """The compiled function's parameter names -> position in a call's args (None: keyword-only)."""
+    bound = isinstance(fn, types.MethodType)
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return {}
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return {n: (i - bound if i < code.co_argcount else None) for i, n in enumerate(names) if i >= bound}
+
+
+def _walk(fn, self_read, found: dict, walked: set, params=None):
+    """Add the reads of function `fn` and of its nested code (lambdas, comprehensions) to `found`;
+    `params` (the compiled function only): its parameters, whose attributes are reads too."""
     if isinstance(fn, types.MethodType):
         fn, self_read = fn.__func__, self_read or _Read(fn.__self__, "object", "", (), "self")
     fn = getattr(fn, "fn", fn)      # a CompiledFunction called inside is inlined: walk its function
@@ -308,6 +341,10 @@ def _walk(fn, self_read, found: dict, walked: set):
                              self_read.base)
             elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and name in cells:
                 read = _Read(cells[name], "closure", "", attrs, name)
+            elif ins.opname == "LOAD_FAST" and c is code and params and name in params and attrs:
+                for k in range(1, len(attrs) + 1):      # `m.cfg`, `m.cfg.eps` of an argument `m`
+                    part = _Read(params[name], "argument", name, attrs[:k], name)
+                    found.setdefault(part.sig, part)
             if read is not None:    # (else a builtin, a local, or a cell of fn's own)
                 _add_read(read, found, walked)
 
@@ -328,7 +365,7 @@ def _add_read(read, found, walked):
 
 def _reads_of(fn) -> tuple:
     found: dict = {}
-    _walk(fn, None, found, set())
+    _walk(fn, None, found, set(), _params(getattr(fn, "fn", fn)))
     return tuple(found.values())
 
 
@@ -484,7 +521,8 @@ class CompiledFunction:
         if alias is not None:                   # which tensor inputs share memory, and how
             key += (alias.pattern,)
         if self.reads:
-            key += (("reads",) + tuple([_guard_key(r.value(), lifted) for r in self.reads]),)
+            call = (args, kwargs)
+            key += (("reads",) + tuple([_guard_key(r.value(call), lifted) for r in self.reads]),)
         return key
 
     def __call__(self, *args, **kwargs):
@@ -623,7 +661,7 @@ class CompiledFunction:
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         _log("guards", name, source)
-        return guard, (call, spec, "sized", consts, lifts, [r.value() for r in self.reads])
+        return guard, (call, spec, "sized", consts, lifts, [r.value((args, kwargs)) for r in self.reads])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
@@ -729,7 +767,7 @@ class CompiledFunction:
         _log("guards", name, "specialized on: " + "; ".join(repr(k) for k in args_key) +
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
-        return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+        return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads])
 
 
 _EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")
