@@ -278,6 +278,24 @@ def test_gpu_code_gets_the_same_compile_time_checks():
     assert "-0.0" in str(stax.generate(lambda x: x.float() * -0.0, x, device="cuda"))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_gpu_int_tensor_division_by_zero_gives_zero(dtype):
+    """The GPU's defined behaviour (docs/DESIGN.md): `//` and `%` by a zero element give 0 there
+    (no error: the kernel cannot raise); every other element keeps Python's floor semantics."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(-50, 50, 37).astype(dtype)
+    b = rng.integers(-6, 7, 37).astype(dtype)
+    b[[0, 5, 36]] = 0
+    a[0] = np.iinfo(dtype).min if dtype == np.int64 else a[0]
+    q, r = stax.compile(lambda a, b: (a // b, a % b))(stax.from_numpy(a).to("cuda"), stax.from_numpy(b).to("cuda"))
+    safe = np.where(b == 0, 1, b).astype(np.int64)
+    want_q = np.where(b == 0, 0, np.floor_divide(a.astype(np.int64), safe))
+    want_r = np.where(b == 0, 0, np.remainder(a.astype(np.int64), safe))
+    assert q.dtype == r.dtype == stax.tensor(a).dtype
+    np.testing.assert_array_equal(np.asarray(q.cpu().numpy(), np.int64), want_q)
+    np.testing.assert_array_equal(np.asarray(r.cpu().numpy(), np.int64), want_r)
+
+
 # ---- item 7: threads ----
 
 
