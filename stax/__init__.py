@@ -725,6 +725,8 @@ class CompiledFunction:
 
     def _describe(self, key) -> str:
         old = self.last_key
+        if old == key:
+            return f"the artifact for these inputs was not kept (past the recompile limit, {RECOMPILE_LIMIT})"
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
             return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
         return _describe_change(old, key)
