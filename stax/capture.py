@@ -524,7 +524,8 @@ _SIZE = object()     # spec kind of an int output that is a symbolic size: compu
 
 
 def _input_alias(t, tracer):
-    """(source index, view ops) when output `t` is a tensor input or a view of one, else None.
+    """(source index, view ops, symbolic) when output `t` is a tensor input or a view of one, else
+    None; `symbolic`: the view ops hold `_RunTimeSize`s (dynamic mode), resolved per call.
 
     Eager returns the input object itself (or a view sharing its storage), so the compiled function
     must too: writing to the result then updates the input, as in eager. Such an output is rebuilt
@@ -532,12 +533,15 @@ def _input_alias(t, tracer):
     counts the call's tensors, then the aliasing bases (`Aliasing.sources`).
     """
     if getattr(t, "_input_pos", None) is not None:
-        return t._input_pos, []         # an input itself (also one of several sharing memory)
+        return t._input_pos, [], False  # an input itself (also one of several sharing memory)
     root = t if t._base is None else t._base
     origin = getattr(root, "_origin", None)
     if origin is None or origin.op != "placeholder":
         return None
-    return tracer.sources[origin], list(t._view_ops)
+    if tracer.shape_env is None:
+        return tracer.sources[origin], list(t._view_ops), False
+    return tracer.sources[origin], [(op, _run_time_params(params, tracer.shape_env))
+                                    for op, params in t._view_ops], True
 
 
 def _flatten(obj, leaves, alias=lambda t: None):
@@ -565,16 +569,59 @@ def _flatten(obj, leaves, alias=lambda t: None):
     return None
 
 
-def _size_output(size):
-    """The spec of an int output that is a size expression (dynamic mode, §10.4): computed on each
-    call from the inputs' sizes, where every symbol in it is read from; else specialized."""
+@dataclass(frozen=True)
+class _RunTimeSize:
+    """A size expression evaluated on each call from the inputs' sizes (dynamic mode, §10.4):
+    `fn(*sizes)`, the sizes read at `where` ((input position, dim) per symbol)."""
+    fn: object
+    where: tuple
+
+    def value(self, inputs) -> int:
+        return self.fn(*[inputs[p]._meta.shape[d] for p, d in self.where])
+
+
+def _run_time_size(expr, env):
+    """A `_RunTimeSize` of a sympy size expression, or None when a symbol in it is not read from
+    an input (a data-dependent size)."""
     from .dynshape import pyexpr
-    env, syms = size.env, sorted(size.expr.free_symbols, key=str)
+    syms = sorted(expr.free_symbols, key=str)
     if any(s not in env.sources for s in syms):
-        return (_CONST, int(size))          # (a data-dependent size: guarded at its value)
-    fn = eval(f"lambda {', '.join(map(str, syms))}: int({pyexpr(size.expr)})", {})   # noqa: S307
-    where = [env.sources[s] for s in syms]
-    return (_SIZE, (fn, where))
+        return None
+    fn = eval(f"lambda {', '.join(map(str, syms))}: int({pyexpr(expr)})", {})   # noqa: S307
+    return _RunTimeSize(fn, tuple(env.sources[s] for s in syms))
+
+
+def _size_output(size):
+    """The spec of an int output that is a size expression: computed on each call; else (a
+    data-dependent size) specialized under a guard."""
+    reader = _run_time_size(size.expr, size.env)
+    return (_SIZE, reader) if reader is not None else (_CONST, int(size))
+
+
+def _run_time_params(obj, env):
+    """The parameters of a view op with every symbolic size made a `_RunTimeSize`: an output that
+    is a view of an input is rebuilt from the caller's tensor with this call's sizes."""
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_run_time_params(x, env) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _run_time_params(v, env) for k, v in obj.items()}
+    expr = obj.expr if isinstance(obj, SymbolicInt) else obj
+    if getattr(expr, "free_symbols", None):
+        reader = _run_time_size(expr, env)
+        if reader is None:
+            raise GraphBreak("an output that views an input with a data-dependent size")
+        return reader
+    return int(expr) if hasattr(expr, "is_Integer") and expr.is_Integer else obj
+
+
+def _resolve_sizes(obj, inputs):
+    if isinstance(obj, _RunTimeSize):
+        return obj.value(inputs)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_resolve_sizes(x, inputs) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _resolve_sizes(v, inputs) for k, v in obj.items()}
+    return obj
 
 
 def _build(spec, leaves, order, inputs):
@@ -588,10 +635,11 @@ def _build(spec, leaves, order, inputs):
     if kind is _SAME:
         return leaves[items]
     if kind is _SIZE:
-        fn, where = items
-        return fn(*[inputs[p]._meta.shape[d] for p, d in where])
+        return items.value(inputs)
     if kind is _ALIAS:
-        k, view_ops = items
+        k, view_ops, symbolic = items
+        if symbolic:
+            view_ops = [(op, _resolve_sizes(params, inputs)) for op, params in view_ops]
         return _replay_views(inputs[k], view_ops)
     if kind is dict:
         return {k: _build(s, leaves, order, inputs) for k, s in items}

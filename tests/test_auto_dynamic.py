@@ -199,3 +199,54 @@ def test_int_counter_and_changing_sizes_through_triton():
                                    rtol=1e-4, atol=1e-4)
         assert t2 == 2 * t
     assert cf.stats["compiles"] == 2 and cf.stats["eager_calls"] == 0
+
+
+# ---- what a symbolic int or size must not change: each of these gave wrong answers or errors ----
+
+INT_USES = {
+    "rpow": lambda x, n: 2 ** n * x,
+    "max": lambda x, n: x[:max(n, 3)],
+    "fstring": lambda x, n: x + len(f"{n}") + len(str(n)),
+    "narrow_output_view": lambda x, n: x.narrow(0, 1, n),
+    "dim_argument": lambda x, n: stax.softmax(x.reshape(2, -1), n - 2),
+    "tensor_of_sizes": lambda x, n: x + stax.tensor([n, n]).sum(),
+    "select": lambda x, n: x[n],
+    "stepped_slice": lambda x, n: x[::n],
+    "float_mix": lambda x, n: x * (n * 0.5),
+    "reshape": lambda x, n: x.reshape(n, -1).sum(0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_USES))
+def test_int_argument_uses_equal_eager(name):
+    fn = INT_USES[name]
+    cf = stax.compile(fn)
+    for n in (2, 3, 4, 6):
+        x = _rand(12)
+        try:
+            want = fn(x, n)
+        except Exception as e:          # (softmax over dim 2 of a 2-D tensor: eager's error)
+            with pytest.raises(type(e)):
+                cf(x, n)
+            continue
+        got = cf(x, n)
+        assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape), (n, got.shape, want.shape)
+        np.testing.assert_allclose(got.numpy().astype(np.float64), want.numpy().astype(np.float64), rtol=1e-5)
+    assert cf.stats["eager_calls"] == 0
+
+
+@pytest.mark.parametrize("fn", [lambda x: x[1:], lambda x: x.reshape(2, -1), lambda x: (x[:-1], x.t()[0])],
+                         ids=["slice", "reshape", "two_views"])
+def test_outputs_that_view_an_input_get_this_calls_sizes(fn):
+    """An output that views an input is rebuilt from the caller's tensor: with a symbolic size,
+    its view parameters are evaluated from this call's sizes (they were the symbols' names)."""
+    cf = stax.compile(fn)
+    for n in (4, 6, 8, 10):
+        x = _rand(n, 2)
+        got, want = cf(x), fn(x)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for g, w in zip(got, want):
+            assert tuple(g.shape) == tuple(w.shape) and g.stride() == w.stride()
+            assert g._storage is x._storage                 # a view of the input, as in eager
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert cf.stats["compiles"] == 2
