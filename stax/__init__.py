@@ -147,8 +147,11 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _describe_dims(dims: dict) -> str:
-    return ", ".join(f"argument tensor {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
+def _describe_dims(dims: dict, sized: list) -> str:
+    """The dims that become symbols, in words: tensor inputs by position, then int arguments."""
+    first_int = builtins.max(dims, default=-1) + 1 - len(sized)
+    return ", ".join(f"int argument {sized[p - first_int][0]!r}" if p >= first_int else
+                     f"tensor input {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
                      for p, ds in dims.items() if ds)
 
 
@@ -607,7 +610,7 @@ class CompiledFunction:
         name = getattr(self.fn, "__name__", "fn")
         change = self._describe(key) if self.last_key is not None else None
         _log("recompiles", name, f"recompiling {name}: {change}; sizes that changed become symbols "
-             f"({_describe_dims(dims)})" if change and dims is not None else
+             f"({_describe_dims(dims, _sized_ints(args, kwargs))})" if change and dims is not None else
              f"recompiling {name}: {change}" if change else f"compiling {name} with symbolic sizes")
         admit = self._admit(name, change or "new sizes")
         if admit == "eager":

@@ -117,7 +117,7 @@ def test_recompiles_log_says_which_dims_became_symbols(monkeypatch, capsys):
     cf(_rand(3, 4))
     cf(_rand(3, 5))
     err = capsys.readouterr().err
-    assert "size changed from (3, 4) to (3, 5)" in err and "become symbols (argument tensor 0 dim 1)" in err
+    assert "size changed from (3, 4) to (3, 5)" in err and "become symbols (tensor input 0 dim 1)" in err
 
 
 def test_aliased_inputs_stay_static_and_correct():
