@@ -14,7 +14,11 @@ Where to look:
   - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit,
                                             one compile per key across threads (a lock per function)
   - `_reads_of`, `_guard_key` ............. §2 guards on what the function reads besides its arguments
-                                            (globals, closure cells, attributes): rebinding recompiles
+                                            (globals, closure cells, attributes, attributes of its
+                                            argument objects): rebinding recompiles
+  - `_lookup_dynamic`, `_auto_dims` ...... §10.4 dynamic and automatic dynamic (the default) mode;
+                                            `_sized_ints`: int arguments as sizes
+  - `_admit` ............................. §2.4 the recompile and cumulative compile limits
   - `generate`, `Generated` .............. the generated code without running it
   - `_compile_graph` ..................... the pipeline, stage by stage, with STAX_LOGS output
 """
@@ -25,6 +29,7 @@ import dis
 import functools
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -36,7 +41,8 @@ import numpy as np
 
 from . import capture as _capture
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
+from .dtypes import bool_ as _bool
+from .tensor import Meta, Storage, Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
@@ -51,9 +57,11 @@ from . import indexing as _indexing_mod
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
 
-RECOMPILE_LIMIT = 8
+RECOMPILE_LIMIT = 8     # artifacts kept per function (§2.4); past it a miss compiles without keeping
+COMPILE_LIMIT = 64      # compiles per function in all (§2.4); past it a miss runs eagerly
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _MISS = object()
+_IN_KEY = object()      # an argument's attribute that the argument's own key covers
 
 # Hook for `python -m stax run` (off by default): when a list, every CompiledFunction created is
 # appended to it and remembers the inputs of its last call (`last_inputs`), so that the CLI can
@@ -111,17 +119,61 @@ def _key_of(x):
 
 def _rank_key_of(x):
     """§10.4 dynamic mode: a tensor's key holds its rank and which dims are 0 or 1 (specialized),
-    not its sizes; the rest of the layout is checked by each artifact's guard function."""
+    not its sizes; the rest of the layout is checked by each artifact's guard function. An int
+    argument >= 2 is a size too (`_sized_ints`): its value is checked by the guard function."""
     if x.__class__ is Tensor:
         m = x._meta
         return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
     return _key_of(x)
 
 
-def _dynamic_dims(args, kwargs, auto=None) -> dict:
+def _family_key_of(x):
+    """Automatic dynamic: calls whose tensors differ only in sizes (and whose int arguments differ
+    only in value) are one family."""
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, len(m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
+    return _key_of(x)
+
+
+_CARRIER_STORAGE = Storage(np.zeros(1, np.bool_))
+
+
+def _sized_ints(args, kwargs) -> list:
+    """§10.4: the int arguments (top level, >= 2) that dynamic mode may make symbols, each carried
+    as the size of a stride-0 1-D tensor (no memory of its own): (position or keyword, carrier).
+    The guard function and the wrapper then read it like any size; 0, 1 and negative ints stay in
+    the key by value."""
+    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.int and a >= 2]
+    if kwargs:
+        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.int and kwargs[k] >= 2]
+    return [(where, Tensor._make(_CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the user's line (the first frame outside stax/)."""
+    here, level, frame = os.path.dirname(__file__), 1, sys._getframe(1)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _describe_dims(dims: dict, sized: list) -> str:
+    """The dims that become symbols, in words: tensor inputs by position, then int arguments."""
+    first_int = builtins.max(dims, default=-1) + 1 - len(sized)
+    return ", ".join(f"int argument {sized[p - first_int][0]!r}" if p >= first_int else
+                     f"tensor input {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
+                     for p, ds in dims.items() if ds)
+
+
+def _dynamic_dims(args, kwargs, auto=None, ints=0) -> dict:
     """Input position (capture's placeholder order) -> the dims that become symbols: every dim
     of a tensor argument (or those `auto` lists), none of a tensor inside a list, tuple or dict
-    (those stay specialized, §10.4)."""
+    (those stay specialized, §10.4); then the `ints` carriers of int arguments."""
     out, pos = {}, 0
     for top in list(args) + [kwargs[k] for k in sorted(kwargs or {})]:
         for t in _capture.input_tensors([top]):
@@ -133,7 +185,15 @@ def _dynamic_dims(args, kwargs, auto=None) -> dict:
                 marked = getattr(t, "_stax_static", ())
                 out[pos] = tuple(d for d in range(t.ndim) if d not in marked)
             pos += 1
+    for p in range(pos, pos + ints):
+        out[p] = (0,) if auto is None else tuple(auto.get(p, ()))
     return out
+
+
+def _dynamic_inputs(args, kwargs) -> list:
+    """What a dynamic artifact's guard function and wrapper read: the call's tensors, then the
+    carriers of its int arguments."""
+    return _capture.input_tensors(args, kwargs) + [c for _, c in _sized_ints(args, kwargs)]
 
 
 def mark_dynamic(t, dim):
@@ -178,6 +238,8 @@ def _describe_change(old, new) -> str:
 
 _LIBRARY_ROOTS = frozenset(sys.stdlib_module_names) | {"stax", "numpy", "torch", "sympy", "triton", "cffi"}
 _PLAIN = (builtins.bool, builtins.int, builtins.float, str, type(None))
+_KEYED = (Tensor, builtins.bool, builtins.int, builtins.float, str, type(None), tuple, list, dict,
+          np.ndarray, complex, bytes)
 _NAMED = (types.FunctionType, types.BuiltinFunctionType, type, types.ModuleType)
 _MAX_WALKED = 64    # functions walked for reads, per compiled function (deep call trees stop here)
 
@@ -192,11 +254,12 @@ def _is_library(v) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class _Read:
-    """One value the function reads: `root` (a globals dict, a closure cell, or the object bound
-    to `self`), then the attributes `attrs`. `base` is the variable's name, for the log."""
+    """One value the function reads: `root` (a globals dict, a closure cell, the object bound
+    to `self`, or the position of an argument), then the attributes `attrs`. `base` is the
+    variable's name, for the log."""
     root: object
-    kind: str           # "global", "closure" or "object"
-    key: str            # the global's name (kind "global")
+    kind: str           # "global", "closure", "object" or "argument" (root: its position or None)
+    key: str            # the global's or the argument's name (kinds "global", "argument")
     attrs: tuple
     base: str
 
@@ -206,13 +269,18 @@ class _Read:
 
     @property
     def sig(self) -> tuple:
-        return (id(self.root), self.key, self.attrs)
+        return ("argument" if self.kind == "argument" else id(self.root), self.key, self.attrs)
 
     def prefix(self, k: int):
         return _Read(self.root, self.kind, self.key, self.attrs[:k], self.base)
 
-    def value(self):
-        if self.kind == "global":
+    def value(self, call=None):
+        """The value now; for an attribute of an argument, of the call `call` = (args, kwargs)."""
+        if self.kind == "argument":
+            v = self.argument(call)
+            if v is _IN_KEY:
+                return v
+        elif self.kind == "global":
             v = self.root.get(self.key, _MISS)
             if not self.attrs:
                 return v
@@ -228,6 +296,15 @@ class _Read:
                 break
             v = getattr(v, a, _MISS)
         return v
+
+    def argument(self, call):
+        """The argument itself; _IN_KEY when the key already covers it (a tensor, a scalar, a
+        container, an array: their attributes are metadata or methods, never guarded apart)."""
+        if call is None:
+            return _MISS
+        args, kwargs = call
+        v = args[self.root] if self.root is not None and self.root < len(args) else kwargs.get(self.key, _MISS)
+        return _IN_KEY if isinstance(v, _KEYED) else v
 
 
 def _chains(code):
@@ -247,8 +324,19 @@ def _chains(code):
     return out
 
 
-def _walk(fn, self_read, found: dict, walked: set):
-    """Add the reads of function `fn` and of its nested code (lambdas, comprehensions) to `found`."""
+def _params(fn) -> dict:
+    """The compiled function's parameter names -> position in a call's args (None: keyword-only)."""
+    bound = isinstance(fn, types.MethodType)
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return {}
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return {n: (i - bound if i < code.co_argcount else None) for i, n in enumerate(names) if i >= bound}
+
+
+def _walk(fn, self_read, found: dict, walked: set, params=None):
+    """Add the reads of function `fn` and of its nested code (lambdas, comprehensions) to `found`;
+    `params` (the compiled function only): its parameters, whose attributes are reads too."""
     if isinstance(fn, types.MethodType):
         fn, self_read = fn.__func__, self_read or _Read(fn.__self__, "object", "", (), "self")
     fn = getattr(fn, "fn", fn)      # a CompiledFunction called inside is inlined: walk its function
@@ -271,6 +359,10 @@ def _walk(fn, self_read, found: dict, walked: set):
                              self_read.base)
             elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and name in cells:
                 read = _Read(cells[name], "closure", "", attrs, name)
+            elif ins.opname == "LOAD_FAST" and c is code and params and name in params and attrs:
+                for k in range(1, len(attrs) + 1):      # `m.cfg`, `m.cfg.eps` of an argument `m`
+                    part = _Read(params[name], "argument", name, attrs[:k], name)
+                    found.setdefault(part.sig, part)
             if read is not None:    # (else a builtin, a local, or a cell of fn's own)
                 _add_read(read, found, walked)
 
@@ -291,7 +383,7 @@ def _add_read(read, found, walked):
 
 def _reads_of(fn) -> tuple:
     found: dict = {}
-    _walk(fn, None, found, set())
+    _walk(fn, None, found, set(), _params(getattr(fn, "fn", fn)))
     return tuple(found.values())
 
 
@@ -425,9 +517,10 @@ class CompiledFunction:
     is compiled once; different functions compile concurrently.
     """
 
-    def __init__(self, fn, fullgraph: bool, mode, options, dynamic=False):
+    def __init__(self, fn, fullgraph: bool, mode, options, dynamic=False, strict_native=False):
         functools.update_wrapper(self, fn)
         self.fn, self.fullgraph, self.mode, self.options = fn, fullgraph, mode, options or {}
+        self.strict_native = strict_native  # raise where a region would run as a host fallback (§6.1)
         self.dynamic = dynamic          # False: sizes in the key; True: ranks (§10.4); None: automatic
         self.guarded: dict = {}         # rank key -> [(guard function, entry)], tried in turn (§10.4)
         self.seen_shapes: dict = {}     # rank key -> the input shapes of its first static compile
@@ -438,6 +531,8 @@ class CompiledFunction:
         self.stats = {"compiles": 0, "calls": 0, "eager_calls": 0, "compile_seconds": 0.0}
         self.last_generated = None
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
+        self.last_key = None            # the static key of the call last compiled (for the recompiles log)
+        self._warned: set = set()       # the §2.4 limits each warn once
         self._lock = threading.RLock()
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
@@ -449,7 +544,8 @@ class CompiledFunction:
         if alias is not None:                   # which tensor inputs share memory, and how
             key += (alias.pattern,)
         if self.reads:
-            key += (("reads",) + tuple([_guard_key(r.value(), lifted) for r in self.reads]),)
+            call = (args, kwargs)
+            key += (("reads",) + tuple([_guard_key(r.value(call), lifted) for r in self.reads]),)
         return key
 
     def __call__(self, *args, **kwargs):
@@ -486,8 +582,10 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         call, spec, flat, consts, lifts, _ = entry
         # the common call, tensors and scalars passed positionally, skips walking nested arguments
-        inputs = [a for a in args if a.__class__ is Tensor] if flat and not kwargs else \
+        inputs = [a for a in args if a.__class__ is Tensor] if flat is True and not kwargs else \
             _capture.input_tensors(args, kwargs)
+        if flat == "sized":                     # a dynamic artifact: int arguments as carriers
+            inputs = _dynamic_inputs(args, kwargs)
         if lifts:                               # the tensors those names hold now, not at capture
             consts = list(consts)
             for pos, k in lifts:
@@ -508,71 +606,69 @@ class CompiledFunction:
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, lifted
-            lifted = []
+            lifted.clear()                      # (the rank key lists the same reads again)
         rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
-            inputs = inputs if inputs is not None else _capture.input_tensors(args, kwargs)
+            inputs = inputs if inputs is not None else _dynamic_inputs(args, kwargs)
             if guard(inputs):
                 return entry, lifted
         with self._lock:
-            return self._compile_dynamic(rkey, args, kwargs, lifted), lifted
+            lifted.clear()
+            return self._compile_dynamic(args, kwargs, lifted), lifted
 
-    def _compile_dynamic(self, rkey, args, kwargs, lifted):
-        inputs = _capture.input_tensors(args, kwargs)
+    def _compile_dynamic(self, args, kwargs, lifted):
+        """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
+        self._reread()
+        rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
+        inputs = _dynamic_inputs(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
-        if self.reads is not None and [r.sig for r in _reads_of(self.fn)] != [r.sig for r in self.reads]:
-            self.reads = _reads_of(self.fn)
-            lifted.clear()
-            rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
-        name = getattr(self.fn, "__name__", "fn")
-        shapes = [tuple(t.shape) for t in inputs]
-        auto = None
+        key = self._key(args, kwargs, [], None)             # this call's static key
+        dims = None
         if self.dynamic is None:
-            auto = self._auto_dims(rkey, shapes, inputs)
-            if auto is None:                    # the first call of this rank key: static
-                key = self._key(args, kwargs, lifted, None)
-                entry, _, _ = self._compile(key, args, kwargs, lifted)
-                return entry
-        total = len(self.artifacts) + builtins.sum(len(v) for v in self.guarded.values())
-        _log("recompiles", name, f"recompiling {name}: no artifact's guards hold for sizes {shapes}"
-             if total else f"compiling {name} with symbolic sizes")
-        if total >= RECOMPILE_LIMIT:
-            msg = f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); " \
-                  f"last inputs: sizes {shapes}"
-            if self.fullgraph:
-                raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
-            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=4)
+            if key in self.artifacts:                       # another thread compiled it static
+                return self.artifacts[key]
+            dims = self._auto_dims(self._key(args, kwargs, [], None, _family_key_of), inputs)
+            if dims is None:            # the first call of its family (or no size changed): static
+                return self._compile(key, args, kwargs, lifted)[0]
+        name = getattr(self.fn, "__name__", "fn")
+        change = self._describe(key) if self.last_key is not None else None
+        _log("recompiles", name, f"recompiling {name}: {change}; sizes that changed become symbols "
+             f"({_describe_dims(dims, _sized_ints(args, kwargs))})" if change and dims is not None else
+             f"recompiling {name}: {change}" if change else f"compiling {name} with symbolic sizes")
+        admit = self._admit(name, change or "new sizes")
+        if admit == "eager":
             self.guarded.setdefault(rkey, []).append((lambda inputs: True, None))
             return None
-        dims = _dynamic_dims(args, kwargs, auto)
-        guard, entry = self._build_dynamic(rkey, args, kwargs, lifted, name, dims, inputs)
-        self.guarded.setdefault(rkey, []).append((guard, entry))
+        self.last_key = key
+        sized = _sized_ints(args, kwargs)
+        dims = _dynamic_dims(args, kwargs, dims, len(sized))
+        guard, entry = self._build_dynamic(args, kwargs, lifted, name, dims, inputs, sized)
+        if admit == "store":
+            self.guarded.setdefault(rkey, []).append((guard, entry))
         return entry
 
-    def _auto_dims(self, rkey, shapes, inputs):
-        """Automatic dynamic: None on the first call of a rank key (compile it static); after
-        that, the dims whose sizes changed since (plus those marked dynamic) become symbols."""
-        marked = {p: set(getattr(t, "_stax_dynamic", ())) for p, t in enumerate(inputs)}
-        first = self.seen_shapes.get(rkey)
-        if first is None and not builtins.any(marked.values()):
-            self.seen_shapes[rkey] = shapes
-            return None
-        dims = self.auto_dims.setdefault(rkey, {})
-        for p, shape in enumerate(shapes):
-            changed = {d for d in range(len(shape)) if first is not None and shape[d] != first[p][d]}
-            static = set(getattr(inputs[p], "_stax_static", ()))
-            dims[p] = sorted((set(dims.get(p, ())) | changed | marked[p]) - static)
-        return dims
+    def _auto_dims(self, family, inputs):
+        """Automatic dynamic: None on the first call of a family (same dtypes, devices, ranks and
+        reads; compile it static); after that, {input position: dims} whose sizes changed since
+        the first call (accumulated), plus those marked dynamic; None while there are none."""
+        shapes = [tuple(t.shape) for t in inputs]
+        first = self.seen_shapes.setdefault(family, shapes)
+        dims = self.auto_dims.setdefault(family, {})
+        for p, (t, shape) in enumerate(zip(inputs, shapes)):
+            changed = {d for d in range(len(shape)) if shape[d] != first[p][d]}
+            static = set(getattr(t, "_stax_static", ()))
+            dims[p] = sorted((set(dims.get(p, ())) | changed | set(getattr(t, "_stax_dynamic", ()))) - static)
+        return dims if builtins.any(dims.values()) else None
 
-    def _build_dynamic(self, rkey, args, kwargs, lifted, name, dims, inputs):
+    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs, sized):
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
         env = dynshape.ShapeEnv()
-        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims)
+        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized)
         if captured is None:
             return (lambda inputs: True), None
         graph, spec = captured
@@ -585,6 +681,8 @@ class CompiledFunction:
             raise RuntimeError(f"stax internal error: the guards of {name} do not hold for the "
                                f"inputs they were captured on:\n{source}")
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        if self.strict_native:
+            _check_native(gen, name)
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=True)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
@@ -593,36 +691,72 @@ class CompiledFunction:
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         _log("guards", name, source)
-        return guard, (call, spec, False, consts, lifts, [r.value() for r in self.reads])
+        return guard, (call, spec, "sized", consts, lifts, [r.value((args, kwargs)) for r in self.reads])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
         entry = self.artifacts.get(key, _MISS)
         if entry is not _MISS:
             return entry, key, lifted
-        reads = _reads_of(self.fn)              # a function read may have been rebound: read again
-        if [r.sig for r in reads] != [r.sig for r in self.reads]:
-            self.reads, lifted = reads, []
+        if self._reread():                      # a function read was rebound: key it again
+            lifted = []
             key = self._key(args, kwargs, lifted, _capture.call_aliasing(args, kwargs))
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, key, lifted
         name = getattr(self.fn, "__name__", "fn")
-        if self.artifacts:
-            _log("recompiles", name, f"recompiling {name}: {self._describe(key)}")
-        if len(self.artifacts) >= RECOMPILE_LIMIT:
-            msg = (f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); "
-                   f"last change: {self._describe(key)}")
-            if self.fullgraph:
-                raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, or drop fullgraph=True.")
-            warnings.warn(msg + "; running eagerly from now on for new inputs.", stacklevel=3)
+        change = self._describe(key) if self.last_key is not None else None
+        if change:
+            _log("recompiles", name, f"recompiling {name}: {change}")
+        admit = self._admit(name, change or "a new specialization")
+        if admit == "eager":
             self.artifacts[key] = None
             return None, key, lifted
-        self.artifacts[key] = entry = self._build(key, args, kwargs, lifted, name)
+        self.last_key = key
+        entry = self._build(key, args, kwargs, lifted, name)
+        if admit == "store":
+            self.artifacts[key] = entry
         return entry, key, lifted
 
+    def _reread(self) -> bool:
+        """Walk the function's reads again (a function it calls may have been rebound): changed?"""
+        reads = _reads_of(self.fn)
+        if [r.sig for r in reads] == [r.sig for r in self.reads]:
+            return False
+        self.reads = reads
+        return True
+
+    def _admit(self, name, change) -> str:
+        """§2.4 limits on a miss: "store" the new artifact; "run" it without storing it, once
+        RECOMPILE_LIMIT artifacts are stored (fullgraph=True raises there); "eager" once the
+        function has compiled COMPILE_LIMIT times in all. Each limit warns once."""
+        stored = builtins.sum(e is not None for e in self.artifacts.values()) + \
+            builtins.sum(e is not None for v in self.guarded.values() for _, e in v)
+        if stored < RECOMPILE_LIMIT:
+            return "store"
+        msg = f"stax.compile: {name} hit the recompile limit ({RECOMPILE_LIMIT} specializations); " \
+              f"last change: {change}"
+        if self.fullgraph:
+            raise RuntimeError(msg + ". Pass inputs of fewer distinct shapes/dtypes, use dynamic=True, "
+                               "or drop fullgraph=True.")
+        if self.stats["compiles"] >= COMPILE_LIMIT:
+            if "eager" not in self._warned:
+                self._warned.add("eager")
+                warnings.warn(f"stax.compile: {name} compiled {COMPILE_LIMIT} times (the cumulative "
+                              f"limit, stax.COMPILE_LIMIT); running eagerly from now on for new inputs "
+                              f"(last change: {change}).", stacklevel=_user_stacklevel())
+            return "eager"
+        if "run" not in self._warned:
+            self._warned.add("run")
+            warnings.warn(msg + "; a new specialization is compiled on each miss and not kept, up to "
+                          f"{COMPILE_LIMIT} compiles in all (then eager). dynamic=True or fewer "
+                          "distinct shapes/dtypes avoids it.", stacklevel=_user_stacklevel())
+        return "run"
+
     def _describe(self, key) -> str:
-        old = next(reversed(self.artifacts))
+        old = self.last_key
+        if old == key:
+            return f"the artifact for these inputs was not kept (past the recompile limit, {RECOMPILE_LIMIT})"
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
             return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
         return _describe_change(old, key)
@@ -648,6 +782,8 @@ class CompiledFunction:
             return None
         graph, spec = captured
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        if self.strict_native:
+            _check_native(gen, name)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=False)
@@ -664,7 +800,7 @@ class CompiledFunction:
         _log("guards", name, "specialized on: " + "; ".join(repr(k) for k in args_key) +
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
-        return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+        return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads])
 
     def _graphed(self, call, graph, gen, name, device, dynamic):
         """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""
@@ -672,6 +808,19 @@ class CompiledFunction:
             return call
         from . import cudagraph
         return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log)
+
+
+_EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")
+
+
+def _check_native(gen, name):
+    """strict_native=True (§10.4, §11.3): a region Stax cannot generate code for runs its eager
+    implementation on the host (an `extern_kernel` line in the wrapper): raise instead."""
+    ops = sorted(set(_EXTERN_CALL.findall(gen.wrapper)))
+    if ops:
+        raise RuntimeError(f"stax.compile(strict_native=True): {name} needs host fallback kernels "
+                           f"for {', '.join(ops)} (no generated code for them on this back end); "
+                           "drop strict_native=True to run them with their eager implementation")
 
 
 def _needs_grad(values) -> bool:
@@ -699,9 +848,9 @@ def explain(fn, *inputs, timing: bool = True, **kwargs):
     CompiledFunction keeps its options) and runs it once on the inputs."""
     from . import report
     if isinstance(fn, CompiledFunction):
-        f = CompiledFunction(fn.fn, fn.fullgraph, fn.mode, fn.options, fn.dynamic)
+        f = CompiledFunction(fn.fn, fn.fullgraph, fn.mode, fn.options, fn.dynamic, fn.strict_native)
     else:
-        f = CompiledFunction(fn, False, None, None)
+        f = CompiledFunction(fn, False, None, None, None)
     recorder = report.Recorder()
     _OBSERVERS.append(recorder)
     try:
@@ -718,15 +867,21 @@ def compile_source(source: str, filename: str):
     return builtins.compile(source, filename, "exec")
 
 
-def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, mode=None, options=None):
+def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mode=None, options=None,
+            strict_native: bool = False):
     """Compile `fn` (also usable as `@stax.compile` and `@stax.compile(...)`).
 
-    dynamic: False: one specialization per input shape (the key holds sizes and strides).
-             True: sizes are symbols (§10.4): the key holds ranks, and each artifact carries a
-             guard function on the layouts it serves (STAX_LOGS=guards prints it).
-             None: automatic dynamic: the first call compiles static; a later call that differs
-             only in sizes compiles one artifact in which the dims that changed are symbols.
+    dynamic: None (the default): automatic dynamic (§10.4): the first call compiles static; a
+             later call that differs only in sizes compiles one artifact in which the dims that
+             changed are symbols, and it serves every later size (0 and 1 stay specialized).
+             False: one specialization per input shape (the key holds sizes and strides).
+             True: every size is a symbol from the first call: the key holds ranks, and each
+             artifact carries a guard function on the layouts it serves (STAX_LOGS=guards).
+             Limits (§2.4): past RECOMPILE_LIMIT kept artifacts a miss compiles without keeping
+             the artifact (fullgraph=True raises); past COMPILE_LIMIT compiles, a miss runs eagerly.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
+    strict_native: raise instead of running a region with no generated code (a §6.1 fallback
+             such as matmul on the CPU, nonzero, unique, rand) with its eager implementation.
     mode: None/"default"; "reduce-overhead" replays each GPU artifact from a CUDA graph (§9.9,
           cudagraph.py: a replay's outputs are overwritten by the next call, so `.clone()` what
           you keep); "max-autotune" searches launch configurations further (§9.6);
@@ -739,16 +894,17 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
         raise ValueError(f"stax.compile: unknown mode {mode!r}; choose one of "
                          + ", ".join(repr(m) for m in MODES))
     if fn is None:
-        return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options)
+        return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options,
+                                 strict_native=strict_native)
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
-    return CompiledFunction(fn, fullgraph, mode, options, dynamic)
+    return CompiledFunction(fn, fullgraph, mode, options, dynamic, strict_native)
 
 
 # ---- Discovery: dir(stax) lists the public API; a missing op names what works ----
 
 _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
-                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT",
+                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT", "COMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
                   "inference_mode"]
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import DType
-from .tensor import VIEW_OPS, Meta, Storage, Tensor, _dispatch, current_tracer, set_tracer
+from .tensor import VIEW_OPS, Meta, Storage, SymbolicInt, Tensor, _dispatch, current_tracer, set_tracer
 
 # ---- §3 The graph ----
 
@@ -520,10 +520,12 @@ def _print_breaks_graph(tracer):
 _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, never enters the graph
 _ALIAS = object()    # spec kind of an output that is an input or a view of one: rebuilt from the input
 _SAME = object()     # spec kind of a tensor already returned at an earlier leaf
+_SIZE = object()     # spec kind of an int output that is a symbolic size: computed from the inputs
 
 
 def _input_alias(t, tracer):
-    """(source index, view ops) when output `t` is a tensor input or a view of one, else None.
+    """(source index, view ops, symbolic) when output `t` is a tensor input or a view of one, else
+    None; `symbolic`: the view ops hold `_RunTimeSize`s (dynamic mode), resolved per call.
 
     Eager returns the input object itself (or a view sharing its storage), so the compiled function
     must too: writing to the result then updates the input, as in eager. Such an output is rebuilt
@@ -531,12 +533,15 @@ def _input_alias(t, tracer):
     counts the call's tensors, then the aliasing bases (`Aliasing.sources`).
     """
     if getattr(t, "_input_pos", None) is not None:
-        return t._input_pos, []         # an input itself (also one of several sharing memory)
+        return t._input_pos, [], False  # an input itself (also one of several sharing memory)
     root = t if t._base is None else t._base
     origin = getattr(root, "_origin", None)
     if origin is None or origin.op != "placeholder":
         return None
-    return tracer.sources[origin], list(t._view_ops)
+    if tracer.shape_env is None:
+        return tracer.sources[origin], list(t._view_ops), False
+    return tracer.sources[origin], [(op, _run_time_params(params, tracer.shape_env))
+                                    for op, params in t._view_ops], True
 
 
 def _flatten(obj, leaves, alias=lambda t: None):
@@ -550,6 +555,8 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return (type(obj), [_flatten(x, leaves, alias) for x in obj])
     if isinstance(obj, dict):
         return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
+    if isinstance(obj, SymbolicInt):   # a size returned as a number: read at run time
+        return _size_output(obj)
     if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
@@ -562,6 +569,61 @@ def _flatten(obj, leaves, alias=lambda t: None):
     return None
 
 
+@dataclass(frozen=True)
+class _RunTimeSize:
+    """A size expression evaluated on each call from the inputs' sizes (dynamic mode, §10.4):
+    `fn(*sizes)`, the sizes read at `where` ((input position, dim) per symbol)."""
+    fn: object
+    where: tuple
+
+    def value(self, inputs) -> int:
+        return self.fn(*[inputs[p]._meta.shape[d] for p, d in self.where])
+
+
+def _run_time_size(expr, env):
+    """A `_RunTimeSize` of a sympy size expression, or None when a symbol in it is not read from
+    an input (a data-dependent size)."""
+    from .dynshape import pyexpr
+    syms = sorted(expr.free_symbols, key=str)
+    if any(s not in env.sources for s in syms):
+        return None
+    fn = eval(f"lambda {', '.join(map(str, syms))}: int({pyexpr(expr)})", {})   # noqa: S307
+    return _RunTimeSize(fn, tuple(env.sources[s] for s in syms))
+
+
+def _size_output(size):
+    """The spec of an int output that is a size expression: computed on each call; else (a
+    data-dependent size) specialized under a guard."""
+    reader = _run_time_size(size.expr, size.env)
+    return (_SIZE, reader) if reader is not None else (_CONST, int(size))
+
+
+def _run_time_params(obj, env):
+    """The parameters of a view op with every symbolic size made a `_RunTimeSize`: an output that
+    is a view of an input is rebuilt from the caller's tensor with this call's sizes."""
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_run_time_params(x, env) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _run_time_params(v, env) for k, v in obj.items()}
+    expr = obj.expr if isinstance(obj, SymbolicInt) else obj
+    if getattr(expr, "free_symbols", None):
+        reader = _run_time_size(expr, env)
+        if reader is None:
+            raise GraphBreak("an output that views an input with a data-dependent size")
+        return reader
+    return int(expr) if hasattr(expr, "is_Integer") and expr.is_Integer else obj
+
+
+def _resolve_sizes(obj, inputs):
+    if isinstance(obj, _RunTimeSize):
+        return obj.value(inputs)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_resolve_sizes(x, inputs) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _resolve_sizes(v, inputs) for k, v in obj.items()}
+    return obj
+
+
 def _build(spec, leaves, order, inputs):
     # a plain recursive function, not a closure over itself: a self-referencing closure is a cycle
     # that would keep every call's outputs alive until the garbage collector runs (memory.py)
@@ -572,8 +634,12 @@ def _build(spec, leaves, order, inputs):
         return items
     if kind is _SAME:
         return leaves[items]
+    if kind is _SIZE:
+        return items.value(inputs)
     if kind is _ALIAS:
-        k, view_ops = items
+        k, view_ops, symbolic = items
+        if symbolic:
+            view_ops = [(op, _resolve_sizes(params, inputs)) for op, params in view_ops]
         return _replay_views(inputs[k], view_ops)
     if kind is dict:
         return {k: _build(s, leaves, order, inputs) for k, s in items}
@@ -606,10 +672,14 @@ def input_tensors(args, kwargs=None) -> list:
     return found
 
 
-def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None):
+def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
+            sized_ints=()):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
-    Non-tensor arguments are passed through unchanged (their values are part of the key).
+    Non-tensor arguments are passed through unchanged (their values are part of the key), except
+    `sized_ints` (dynamic mode, §10.4): (argument position or keyword, carrier) pairs, an int
+    argument carried as the size of a 1-D tensor placed after the call's tensors; the function
+    gets that placeholder's `shape[0]`, a SymInt when the size is a symbol.
     Tensor inputs that share memory become views of one base placeholder (`aliasing`).
     Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
     a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
@@ -617,8 +687,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
     tracer = Tracer(shape_env, dynamic_dims)
-    real = input_tensors(args, kwargs)
-    alias = aliasing(real)
+    real = input_tensors(args, kwargs) + [c for _, c in sized_ints]
+    alias = aliasing(real) if not sized_ints else None
     prev = set_tracer(tracer)
     try:
         with _print_breaks_graph(tracer):
@@ -626,6 +696,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
             proxies = _map_tensors(list(args), lambda t: next(made))
             kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)],
                                                        lambda t: next(made))))
+            for where, _ in sized_ints:     # an int argument: its carrier's size (a SymInt)
+                (kw if isinstance(where, str) else proxies)[where] = next(made).shape[0]
             result = fn(*proxies, **kw)
             leaves = []
             # the outputs are read while tracing: a view of a value updated in place since the view

@@ -290,6 +290,19 @@ class SymInt(SymbolicInt):
     def __float__(self):
         return float(int(self))
 
+    # text and powers need the number: specialized (guarded), never the symbol's name
+    def __str__(self):
+        return str(int(self))
+
+    def __format__(self, spec):
+        return format(int(self), spec)
+
+    def __pow__(self, other):
+        return int(self) ** other
+
+    def __rpow__(self, other):
+        return other ** int(self)
+
     def __hash__(self):
         return hash(self.expr)
 

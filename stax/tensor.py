@@ -329,6 +329,8 @@ def _move(x, device):
 
 
 def _wrap_dim(d, ndim):
+    if isinstance(d, SymbolicInt):      # a dim is a number: a symbolic one (§10) is specialized
+        d = d.__index__()
     n = _b.max(ndim, 1)
     if not -n <= d < n:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], "
@@ -489,6 +491,14 @@ def get_default_device():
     return _DEFAULT_DEVICE
 
 
+def _specialize_sizes(data):
+    if isinstance(data, SymbolicInt):
+        return int(data)
+    if isinstance(data, (list, tuple)):
+        return [_specialize_sizes(x) for x in data]
+    return data
+
+
 def tensor(data, dtype=None, device=None):
     """A new tensor holding a copy of `data` (nested lists, scalars, numpy arrays, tensors)."""
     device = _DEFAULT_DEVICE if device is None else device
@@ -498,6 +508,8 @@ def tensor(data, dtype=None, device=None):
         if dtype is not None and dtype is not data.dtype:
             data = _op("to_dtype", [data], {"dtype": dtype}, _meta(data.shape, dtype, data.device))
         return _op("clone", [data], {}, _meta(data.shape, data.dtype, data.device))
+    if isinstance(data, (list, tuple, SymbolicInt)):    # sizes in the data: their values (guarded)
+        data = _specialize_sizes(data)
     a = np.asarray(data)
     if dtype is None:
         if isinstance(data, np.ndarray):

@@ -239,8 +239,8 @@ def _getitem(x, key):
             x = unsqueeze(x, dim)
             dim += 1
         elif isinstance(k, _b.slice):
-            start, stop, step = (k.indices(x.shape[dim]) if not isinstance(x.shape[dim], SymbolicInt)
-                                 else _symbolic_indices(k, x.shape[dim]))
+            symbolic = _b.any(isinstance(v, SymbolicInt) for v in (x.shape[dim], k.start, k.stop))
+            start, stop, step = _symbolic_indices(k, x.shape[dim]) if symbolic else k.indices(x.shape[dim])
             if step <= 0:
                 raise ValueError("step must be greater than zero")
             if (start, stop, step) != (0, x.shape[dim], 1):   # a full ':' needs no view op
@@ -252,7 +252,7 @@ def _getitem(x, key):
 
 
 def _symbolic_indices(k, n):
-    """slice.indices for a symbolic size `n` (§10.4): the same clamps, each a decision (a guard
+    """slice.indices for a symbolic size `n` or bound (§10.4): the same clamps, each a decision (a guard
     where the ranges do not settle it), so `x[1:]`, `x[:-1]`, `x[2:n-1]` keep symbolic bounds."""
     step = 1 if k.step is None else operator.index(k.step)
     if step != 1:       # a stepped slice's length is a floor division: the size is specialized

@@ -167,9 +167,14 @@ def min_with_index(value, index, dim):
 
 @triton.jit
 def floordiv(a, b):
-    q = a // b
+    # a zero divisor gives 0, a defined value (docs/DESIGN.md: the GPU does not raise; the
+    # hardware's quotient would be undefined); the divide itself sees 1 there
+    nonzero = b != 0
+    d = tl.where(nonzero, b, 1)
+    q = a // d
     # Triton's // truncates toward zero for integers; Python floors
-    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+    q = tl.where(((a % d) != 0) & ((a < 0) != (d < 0)), q - 1, q)
+    return tl.where(nonzero, q, 0)
 
 
 @triton.jit
@@ -179,8 +184,11 @@ def floordiv_float(a, b):
 
 @triton.jit
 def remainder(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    nonzero = b != 0            # a zero divisor gives 0, as floordiv does
+    d = tl.where(nonzero, b, 1)
+    r = a % d
+    r = tl.where((r != 0) & ((r < 0) != (d < 0)), r + d, r)
+    return tl.where(nonzero, r, 0)
 
 
 @triton.jit

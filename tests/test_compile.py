@@ -743,26 +743,49 @@ def test_new_shapes_strides_dtypes_recompile_and_reuse(rng):
     assert cf.stats["calls"] == 10 and cf.stats["eager_calls"] == 0
 
 
-def test_recompile_limit_warns_then_runs_eagerly(rng):
-    cf = stax.compile(lambda x: x * 3 - 1)
+def test_recompile_limit_warns_then_runs_eagerly(rng, monkeypatch):
+    # dynamic=False: this counts one specialization per size (the default, automatic dynamic,
+    # would serve sizes 2..8 with one symbolic artifact)
+    monkeypatch.setattr(stax, "COMPILE_LIMIT", 10)
+    cf = stax.compile(lambda x: x * 3 - 1, dynamic=False)
     for n in range(1, 9):
         x = rand(rng, n)
         check(cf(x), f64(x) * 3 - 1)
     assert cf.stats["compiles"] == 8
     x = rand(rng, 9)
-    with pytest.warns(UserWarning, match="recompile limit"):
+    with pytest.warns(UserWarning, match="recompile limit") as record:     # §2.4: compiled, not kept
         out = cf(x)
+    assert record[0].filename == __file__                  # the warning names the caller's line
     check(out, f64(x) * 3 - 1)
-    assert cf.stats["compiles"] == 8 and cf.stats["eager_calls"] == 1
-    # known keys still use their artifacts
-    check(cf(stax.ones(3)), np.full(3, 2.0))
+    assert cf.stats["compiles"] == 9 and cf.stats["eager_calls"] == 0 and len(cf.artifacts) == 8
+    x = rand(rng, 10)
+    check(cf(x), f64(x) * 3 - 1)                           # warned once: no second warning
+    assert cf.stats["compiles"] == 10
+    x = rand(rng, 11)
+    with pytest.warns(UserWarning, match="cumulative"):    # COMPILE_LIMIT reached: eager from now on
+        check(cf(x), f64(x) * 3 - 1)
+    assert cf.stats["compiles"] == 10 and cf.stats["eager_calls"] == 1
+    check(cf(stax.ones(3)), np.full(3, 2.0))               # known keys still use their artifacts
     assert cf.stats["eager_calls"] == 1
 
-    strict = stax.compile(lambda x: x * 3 - 1, fullgraph=True)
+    strict = stax.compile(lambda x: x * 3 - 1, fullgraph=True, dynamic=False)
     for n in range(1, 9):
         strict(stax.ones(n))
     with pytest.raises(RuntimeError, match="recompile limit"):
         strict(stax.ones(20))
+
+
+def test_recompile_limit_counts_dynamic_artifacts(rng, monkeypatch):
+    """Automatic dynamic: symbolic artifacts count towards the limits like static ones."""
+    monkeypatch.setattr(stax, "RECOMPILE_LIMIT", 2)
+    cf = stax.compile(lambda x: x + 1)
+    for n in (3, 4, 5):                    # static, then one symbolic artifact for dim 0
+        x = rand(rng, n, 2)
+        check(cf(x), f64(x) + 1)
+    x = rand(rng, 6, 2).t()                # a new layout: a third artifact, run but not kept
+    with pytest.warns(UserWarning, match="recompile limit"):
+        check(cf(x), f64(x) + 1)
+    assert cf.stats["compiles"] == 3 and cf.stats["eager_calls"] == 0
 
 
 def test_recompiles_log_names_the_failed_guard(rng, monkeypatch, capsys):

@@ -278,6 +278,24 @@ def test_gpu_code_gets_the_same_compile_time_checks():
     assert "-0.0" in str(stax.generate(lambda x: x.float() * -0.0, x, device="cuda"))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_gpu_int_tensor_division_by_zero_gives_zero(dtype):
+    """The GPU's defined behaviour (docs/DESIGN.md): `//` and `%` by a zero element give 0 there
+    (no error: the kernel cannot raise); every other element keeps Python's floor semantics."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(-50, 50, 37).astype(dtype)
+    b = rng.integers(-6, 7, 37).astype(dtype)
+    b[[0, 5, 36]] = 0
+    a[0] = np.iinfo(dtype).min if dtype == np.int64 else a[0]
+    q, r = stax.compile(lambda a, b: (a // b, a % b))(stax.from_numpy(a).to("cuda"), stax.from_numpy(b).to("cuda"))
+    safe = np.where(b == 0, 1, b).astype(np.int64)
+    want_q = np.where(b == 0, 0, np.floor_divide(a.astype(np.int64), safe))
+    want_r = np.where(b == 0, 0, np.remainder(a.astype(np.int64), safe))
+    assert q.dtype == r.dtype == stax.tensor(a).dtype
+    np.testing.assert_array_equal(np.asarray(q.cpu().numpy(), np.int64), want_q)
+    np.testing.assert_array_equal(np.asarray(r.cpu().numpy(), np.int64), want_r)
+
+
 # ---- item 7: threads ----
 
 
@@ -332,3 +350,89 @@ def test_eager_ops_in_other_threads_while_one_captures():
     t.join()
     assert seen == {"value": 11.0, "zeros": [0.0, 0.0]}
     same(out, [3.0, 3.0])
+
+
+# ---- strict_native=True (§10.4, §11.3): no host fallbacks ----
+
+
+def test_strict_native_raises_where_a_region_would_run_on_the_host():
+    rng = np.random.default_rng(5)
+    x = stax.from_numpy(rng.standard_normal((5, 5)).astype(np.float32))
+    with pytest.raises(RuntimeError, match="strict_native=True.*matmul"):
+        stax.compile(lambda a: a @ a + 1, strict_native=True)(x)          # a host fallback on the CPU
+    with pytest.raises(RuntimeError, match="nonzero"):
+        stax.compile(lambda a: stax.nonzero(a > 0), strict_native=True, dynamic=True)(x)
+    ok = stax.compile(lambda a: (a * 2).sum(0), strict_native=True)
+    same(ok(x), (x.numpy().astype(np.float64) * 2).sum(0))
+    same(stax.compile(lambda a: a @ a + 1)(x), x.numpy().astype(np.float64) @ x.numpy() + 1)
+    # the GPU prints matmul as a Triton template: native there (interpreter without a GPU)
+    got = stax.compile(lambda a: a @ a + 1, strict_native=True)(x.to("cuda")).cpu()
+    np.testing.assert_allclose(np.asarray(got), x.numpy().astype(np.float64) @ x.numpy() + 1, rtol=1e-4, atol=1e-4)
+
+
+# ---- item 4: attributes of argument objects are guarded like globals ----
+
+
+class _Model:
+    def __init__(self, scale, w):
+        self.scale, self.w = scale, w
+        self.cfg = _Cfg()
+
+
+def test_attributes_of_an_argument_object_are_guarded_or_read_fresh(monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "recompiles")
+    rng = np.random.default_rng(9)
+    r = lambda *s: stax.from_numpy(rng.standard_normal(s).astype(np.float32))     # noqa: E731
+    m = _Model(2.0, r(7))
+
+    def f(m, x, *, k=None):
+        return x * m.scale + m.w - m.cfg.eps + (k.scale if k is not None else 0.0)
+
+    cf, x = stax.compile(f), r(7)
+    want = lambda: f(m, x).numpy().astype(np.float64)                              # noqa: E731
+    same(cf(m, x), want())
+    m.scale = -3.5                                          # a scalar attribute: recompiles
+    same(cf(m, x), want())
+    assert "m.scale changed from ('float', 2.0) to ('float', -3.5)" in capsys.readouterr().err
+    m.w = r(7)                                              # a tensor attribute: read fresh
+    same(cf(m, x), want())
+    m.w.mul_(-2.0)
+    same(cf(m, x), want())
+    assert cf.stats["compiles"] == 2
+    m.cfg = _Cfg()
+    m.cfg.eps = 0.25                                        # a nested attribute
+    same(cf(m, x), want())
+    assert cf.stats["compiles"] == 3
+    m.w = r(1)                                              # a new layout (broadcast): recompiles
+    same(cf(m, x), want())
+    k = _Model(10.0, None)
+    same(cf(m, x, k=k), f(m, x, k=k).numpy())               # a keyword-only argument's attribute
+    k.scale = 20.0
+    same(cf(m, x, k=k), f(m, x, k=k).numpy())
+    assert cf.stats["eager_calls"] == 0
+
+
+def test_attributes_of_tensor_arguments_add_no_guards():
+    cf = stax.compile(lambda x: x.T.sum(0) / x.shape[0])
+    rng = np.random.default_rng(3)
+    for n in (3, 5, 8):
+        a = rng.standard_normal((n, 4)).astype(np.float32)
+        same(cf(stax.from_numpy(a)), a.astype(np.float64).T.sum(0) / n)
+    assert cf.stats["compiles"] == 2                        # static, then one symbolic artifact
+
+
+def test_a_compiled_method_guards_attributes_of_its_arguments():
+    class Layer:
+        def __init__(self):
+            self.bias = 1.0
+
+        def forward(self, x, other):
+            return x * other.scale + self.bias
+    layer, other = Layer(), _Model(2.0, None)
+    cf, x = stax.compile(layer.forward), stax.ones(3)
+    same(cf(x, other), [3.0] * 3)
+    other.scale = 4.0
+    layer.bias = -1.0
+    same(cf(x, other), [3.0] * 3)
+    other.scale = 1.0
+    same(cf(x, other), [0.0] * 3)
