@@ -62,6 +62,15 @@ def split_policy(numel_out, numel_red) -> int:
     return 8 * threads
 
 
+def deviation_piece(numel_out, numel_red, outer: bool) -> int:
+    """Elements per piece of var's deviations (lower.chunk_deviations). Columns: 128 rows, so a
+    block of COLUMN_BLOCK columns (512 KiB) stays in L2 for the second pass over its piece. A row
+    stays in cache up to 64K elements; longer rows go in pieces of 4096."""
+    if outer:
+        return 128
+    return 4096 if numel_red > 65536 else 0
+
+
 # ---- §8 C types, literals and index expressions ----
 
 _CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",

@@ -38,12 +38,13 @@ MULTI_PASS_PERSISTENT_LIMIT = 32768
 def _contiguous_along(e, r) -> bool:
     """Consecutive r read consecutive addresses: r with coefficient 1, or `r % m` (r // 1 % m,
     ModularIndexing(r, 1, m)) with coefficient 1 for a row of m ≥ 32 elements (the (N, H, W)
-    statistics of NCHW data, whose flattened reduction index wraps every H·W elements)."""
+    statistics of NCHW data, whose flattened reduction index wraps every H·W elements; in a piece of
+    a split reduction, `(r + 1024*x1) % 56`)."""
     e = sympy.sympify(e)
     if e.coeff(r) == 1:
         return True
-    return any(m.args[0] == r and m.args[1] == 1 and m.args[2].is_Integer and int(m.args[2]) >= 32
-               and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
+    return any(sympy.expand(m.args[0]).coeff(r) == 1 and m.args[1] == 1 and m.args[2].is_Integer
+               and int(m.args[2]) >= 32 and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
 
 
 def _reduction_form(k) -> tuple:

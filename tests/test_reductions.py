@@ -176,3 +176,37 @@ def test_few_outputs_and_long_reductions(rng, shape):
     for g, w in zip(got, (A.sum(0), A.max(0), A.mean(-1), A.var(0, ddof=1) if shape[0] > 1 else None)):
         if w is not None:
             assert_close(np.asarray(g), w, "float32", rtol=1e-3)
+
+
+# ---- var's deviations in pieces read once (lower.chunk_deviations) ----
+
+
+@pytest.mark.parametrize("shape,dims", [((1001, 37), (0,)), ((3, 70001), (1,)), ((130, 3, 9), (0, 2))])
+def test_var_in_pieces_is_read_once_and_accurate(rng, shape, dims):
+    """Columns longer than a piece (128 rows; 1001 = 7 pieces of 126 and one of 119) and rows longer
+    than 64K: the deviations run in pieces, each read once, combined by Chan's formula. Data with a
+    large mean (1e4 + randn) against float64 numpy: the per-piece shift keeps the float32 sums of
+    the pieces accurate (a plain float32 column sum of 1e4's is off by ~1e-4 relative)."""
+    a = (1e4 + rng.standard_normal(shape)).astype(np.float32)
+    A = a.astype(np.float64)
+    cf = stax.compile(lambda x: (x.var(dims), x.mean(dims), x.std(dims, unbiased=False)))
+    var, mean, std = cf(stax.tensor(a))
+    assert_close(np.asarray(var), A.var(dims, ddof=1), "float32", rtol=2e-5)
+    assert_close(np.asarray(mean), A.mean(dims), "float32")
+    assert_close(np.asarray(std), A.std(dims), "float32", rtol=2e-5)
+    kernels = list(cf.last_generated.kernels.values())
+    if shape != (130, 3, 9):          # (its inner reduced dim is contiguous: the row form, unchanged)
+        assert len(kernels) == 2, kernels    # the pieces (sums and deviations), then the combine
+        assert kernels[0].count("acc_buf") >= 2 * kernels[0].count("float acc_buf")
+
+
+def test_var_in_pieces_nan_inf_and_odd_sizes(rng):
+    a = rng.standard_normal((300, 7)).astype(np.float32) + 50
+    a[17, 1], a[299, 2], a[5, 3], a[6, 3] = np.nan, np.inf, np.inf, -np.inf
+    got = stax.compile(lambda x: x.var(0))(stax.tensor(a))
+    with np.errstate(invalid="ignore"):
+        want = a.astype(np.float64).var(0, ddof=1)
+    assert_close(np.asarray(got), want, "float32")
+    assert np.isnan(np.asarray(got)[[1, 2, 3]]).all()
+    one = stax.compile(lambda x: x.var(0))(stax.tensor(a[:129, :1]))    # 129 rows: two pieces, one output
+    assert_close(np.asarray(one), a[:129, :1].astype(np.float64).var(0, ddof=1), "float32")
