@@ -494,57 +494,51 @@ def _same_values(red: Reduction, v_fn) -> bool:
         return red.inner_fn(xv, rv) == v_fn(xv, rv)
 
 
-def _unflatten(flat, shape) -> list:
-    out = []
-    for k in range(len(shape) - 1, -1, -1):
-        out.append(ModularIndexing(flat, 1, shape[k]) if k else flat)
-        flat = FloorDiv(flat, shape[k])
-    return list(reversed(out))
-
-
-def _piece_fn(red: Reduction, inner, splits: int, piece: int):
-    """inner(s, x, rindex) over piece s of the flattened reduction dims: (s, x, r) -> value, or the
-    identity 0 past the last element."""
-    rnumel, shape = sympy.prod(red.reduction_ranges), list(red.reduction_ranges)
+def _piece_fn(red: Reduction, inner, splits: int, rows: int):
+    """inner(s, x, rindex) over piece s: `rows` slices of the outermost reduced dim, the inner
+    reduced dims whole (their loads keep their shape: contiguous runs, SIMD on the CPU);
+    (s, x, rindex) -> value, or the identity 0 past the last slice."""
+    outer_size = red.reduction_ranges[0]
 
     def fn(s, x, r):
-        flat = s * piece + r
-        if piece * splits == rnumel:
-            return inner(s, x, _unflatten(flat, shape))
-        in_range = ops.lt(ops.index_expr(flat, int64), ops.index_expr(rnumel, int64))
-        return ops.masked(in_range, lambda: inner(s, x, _unflatten(flat, shape)), ops.constant(0, red.src_dtype))
+        full = [s * rows + r[0]] + list(r[1:])
+        if rows * splits == outer_size:
+            return inner(s, x, full)
+        in_range = ops.lt(ops.index_expr(full[0], int64), ops.index_expr(outer_size, int64))
+        return ops.masked(in_range, lambda: inner(s, x, full), ops.constant(0, red.src_dtype))
     return fn
 
 
-def _chunked_deviation(red: Reduction, sums: list, piece: int, new_name, outer: bool) -> tuple:
-    """sum_r (v - c)^2 in pieces of `piece` elements. Piece s is shifted by its first value K_s (the
-    shifted values are small, so their float sums are accurate even when the mean is large): its
-    sum S_s = sum (v - K_s) and deviations M2_s = sum (v - K_s - S_s/n_s)^2 (two passes over a
-    piece its kernel holds in registers or cache: one read from memory); then Chan's combine
-    sum_s M2_s + n_s (K_s - c + S_s/n_s)^2, exact for any c. The sums of v in `sums` (the mean's)
-    become sum_s n_s K_s + S_s."""
+def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool) -> tuple:
+    """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
+    by its first value K_s (the shifted values are small, so their float sums are accurate even
+    when the mean is large): its sum S_s = sum (v - K_s) and deviations M2_s = sum (v - K_s -
+    S_s/n_s)^2 (two passes over a piece its kernel holds in registers or cache: one read from
+    memory); then Chan's combine sum_s M2_s + n_s (K_s - c + S_s/n_s)^2, exact for any c. The sums
+    of v in `sums` (the mean's) become sum_s n_s K_s + S_s."""
     v_fn, c_fn = red.deviation
-    rnumel, dt, shape = int(sympy.prod(red.reduction_ranges)), red.src_dtype, list(red.reduction_ranges)
-    splits = -(-rnumel // piece)
-    piece = -(-rnumel // splits)
-    splits = -(-rnumel // piece)                 # every piece holds at least one element
-    last = rnumel - (splits - 1) * piece
+    dt, n_outer = red.src_dtype, int(red.reduction_ranges[0])
+    inner = int(sympy.prod(red.reduction_ranges[1:]))
+    splits = -(-n_outer // rows)
+    rows = -(-n_outer // splits)
+    splits = -(-n_outer // rows)                 # every piece holds at least one slice
+    last = n_outer - (splits - 1) * rows
     ranges1 = [sympy.Integer(splits)] + list(red.ranges) if outer else list(red.ranges) + [sympy.Integer(splits)]
     layout1 = Layout(tuple(ranges1), contiguous_strides(ranges1))
     at = (lambda s, x: [s] + list(x)) if outer else (lambda s, x: list(x) + [s])
     sx = (lambda i: (i[0], i[1:])) if outer else (lambda i: (i[-1], i[:-1]))
 
     def count(s):
-        if last == piece:
-            return ops.constant(float(piece), dt)
+        if last == rows:
+            return ops.constant(float(rows * inner), dt)
         return ops.where(ops.lt(ops.index_expr(s, int64), ops.index_expr(splits - 1, int64)),
-                         ops.constant(float(piece), dt), ops.constant(float(last), dt))
+                         ops.constant(float(rows * inner), dt), ops.constant(float(last * inner), dt))
 
     def shift(s, x):
-        return v_fn(x, _unflatten(s * piece, shape))
+        return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
     s_name, m2_name = new_name(), new_name()
     load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
-    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, piece)
+    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows)
 
     def dev_piece(index, rindex):
         s, x = sx(index)
@@ -553,10 +547,11 @@ def _chunked_deviation(red: Reduction, sums: list, piece: int, new_name, outer: 
         def sq(s_, x_, r_):
             d = ops.sub(ops.sub(v_fn(x_, r_), shift(s_, x_)), mean)
             return ops.mul(d, d)
-        return _piece_fn(red, sq, splits, piece)(s, x, rindex[0])
+        return _piece_fn(red, sq, splits, rows)(s, x, rindex)
 
-    first = [Reduction(name, dt, ranges1, [sympy.Integer(piece)], "sum", fn, dt, layout1, list(red.origins))
-             for name, fn in ((s_name, lambda i, r: sum_piece(*sx(i), r[0])), (m2_name, dev_piece))]
+    ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
+    first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
+             for name, fn in ((s_name, lambda i, r: sum_piece(*sx(i), r)), (m2_name, dev_piece))]
 
     def combine(index, rindex):
         s = rindex[0]
@@ -586,12 +581,14 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
             continue
         outer = reads_across_rows(red)
         piece = deviation_piece(int(out), int(rnumel), outer)
-        if not piece or int(rnumel) <= piece:
-            continue
+        inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
+        if not piece or int(rnumel) <= piece or not inner.is_Integer or int(inner) >= int(rnumel) // 2:
+            continue                 # short enough to read once, or too few slices to cut in pieces
+        rows = max(1, piece // int(inner))
         sums = [b for b in bufs if isinstance(b, Reduction) and b.reduction_type == "sum"
                 and b.deviation is None and b.ranges == red.ranges and b.reduction_ranges == red.reduction_ranges
                 and b.src_dtype == red.src_dtype and _same_values(b, red.deviation[0])]
-        first, total, combined = _chunked_deviation(red, sums, piece, new_name, outer)
+        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer)
         at = min(bufs.index(b) for b in sums + [red])
         replace = dict(zip(sums, total))
         replace[red] = combined

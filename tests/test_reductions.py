@@ -181,10 +181,11 @@ def test_few_outputs_and_long_reductions(rng, shape):
 # ---- var's deviations in pieces read once (lower.chunk_deviations) ----
 
 
-@pytest.mark.parametrize("shape,dims", [((1001, 37), (0,)), ((3, 70001), (1,)), ((130, 3, 9), (0, 2))])
+@pytest.mark.parametrize("shape,dims", [((1001, 37), (0,)), ((3, 70001), (1,)), ((20, 3, 60, 60), (0, 2, 3))])
 def test_var_in_pieces_is_read_once_and_accurate(rng, shape, dims):
-    """Columns longer than a piece (128 rows; 1001 = 7 pieces of 126 and one of 119) and rows longer
-    than 64K: the deviations run in pieces, each read once, combined by Chan's formula. Data with a
+    """Columns longer than a piece (128 rows; 1001 = 7 pieces of 126 and one of 119), rows longer
+    than 64K and (N, H, W) statistics (a piece per image): the deviations run in pieces, each read
+    once, combined by Chan's formula. Data with a
     large mean (1e4 + randn) against float64 numpy: the per-piece shift keeps the float32 sums of
     the pieces accurate (a plain float32 column sum of 1e4's is off by ~1e-4 relative)."""
     a = (1e4 + rng.standard_normal(shape)).astype(np.float32)
@@ -195,9 +196,7 @@ def test_var_in_pieces_is_read_once_and_accurate(rng, shape, dims):
     assert_close(np.asarray(mean), A.mean(dims), "float32")
     assert_close(np.asarray(std), A.std(dims), "float32", rtol=2e-5)
     kernels = list(cf.last_generated.kernels.values())
-    if shape != (130, 3, 9):          # (its inner reduced dim is contiguous: the row form, unchanged)
-        assert len(kernels) == 2, kernels    # the pieces (sums and deviations), then the combine
-        assert kernels[0].count("acc_buf") >= 2 * kernels[0].count("float acc_buf")
+    assert len(kernels) == 2, kernels    # the pieces (sums and deviations), then the combine
 
 
 def test_var_in_pieces_nan_inf_and_odd_sizes(rng):
