@@ -209,3 +209,15 @@ def test_var_in_pieces_nan_inf_and_odd_sizes(rng):
     assert np.isnan(np.asarray(got)[[1, 2, 3]]).all()
     one = stax.compile(lambda x: x.var(0))(stax.tensor(a[:129, :1]))    # 129 rows: two pieces, one output
     assert_close(np.asarray(one), a[:129, :1].astype(np.float64).var(0, ddof=1), "float32")
+
+
+def test_few_columns_split_across_the_reduction(rng):
+    """Three output columns, 40000 rows: one block of columns would leave a thread idle, so the rows
+    are split (codegen_cpp.outer_split_policy) and the pieces run in parallel, then combine."""
+    a = rng.standard_normal((40000, 3)).astype(np.float32)
+    cf = stax.compile(lambda x: (x.sum(0), x.amax(0)))
+    s, m = cf(stax.tensor(a))
+    kernels = list(cf.last_generated.kernels.values())
+    assert len(kernels) == 2 and "#pragma omp parallel for" in kernels[0], kernels
+    assert_close(np.asarray(s), a.astype(np.float64).sum(0), "float32", rtol=1e-4)
+    assert_close(np.asarray(m), a.max(0), "float32")
