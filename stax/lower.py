@@ -15,6 +15,7 @@ Where to look:
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
+  - var/std read once: deviations in pieces ......... `chunk_deviations`, `_chunked_deviation`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
   - the IR itself, its printer, merge_dims .......... ir.py
 """
