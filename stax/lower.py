@@ -489,10 +489,11 @@ class _TreeOps:
         return lambda *args: (op,) + tuple(a.name if hasattr(a, "itemsize") else a for a in args)
 
 
-def _same_values(red: Reduction, v_fn) -> bool:
+def _same_values(red: Reduction, fn_a, fn_b) -> bool:
+    """Do two bodies (index, rindex) -> value over red's loops compute the same expression?"""
     xv, rv = index_vars("x", len(red.ranges)), index_vars("r", len(red.reduction_ranges))
     with set_handler(_TreeOps()):
-        return red.inner_fn(xv, rv) == v_fn(xv, rv)
+        return fn_a(xv, rv) == fn_b(xv, rv)
 
 
 def _piece_fn(red: Reduction, inner, splits: int, rows: int):
@@ -510,13 +511,14 @@ def _piece_fn(red: Reduction, inner, splits: int, rows: int):
     return fn
 
 
-def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool) -> tuple:
+def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None) -> tuple:
     """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
     by its first value K_s (the shifted values are small, so their float sums are accurate even
     when the mean is large): its sum S_s = sum (v - K_s) and deviations M2_s = sum (v - K_s -
     S_s/n_s)^2 (two passes over a piece its kernel holds in registers or cache: one read from
     memory); then Chan's combine sum_s M2_s + n_s (K_s - c + S_s/n_s)^2, exact for any c. The sums
-    of v in `sums` (the mean's) become sum_s n_s K_s + S_s."""
+    of v in `sums` (the mean's) become sum_s n_s K_s + S_s. `names`: the pieces of another
+    deviation reduction of the same v (std and var of one input), reused."""
     v_fn, c_fn = red.deviation
     dt, n_outer = red.src_dtype, int(red.reduction_ranges[0])
     inner = int(sympy.prod(red.reduction_ranges[1:]))
@@ -537,7 +539,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
 
     def shift(s, x):
         return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
-    s_name, m2_name = new_name(), new_name()
+    s_name, m2_name = names or (new_name(), new_name())
     load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
     sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows)
 
@@ -564,6 +566,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
         s = rindex[0]
         return ops.add(ops.mul(count(s), shift(s, index)), load_s(at(s, index)))
     rs = [sympy.Integer(splits)]
+    first = [] if names else first
     total = [Reduction(a.name, a.dtype, list(a.ranges), rs, "sum", total_fn, dt, a.layout, list(a.origins))
              for a in sums]
     return first, total, Reduction(red.name, red.dtype, list(red.ranges), rs, "sum", combine, dt,
@@ -575,7 +578,7 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
     (`deviation_piece(numel_out, numel_red, outer) -> elements`) in pieces (`_chunked_deviation`);
     its pieces run where the first sum of the same values (the mean's, anywhere in the program) or
     the deviations ran, and those sums read the pieces."""
-    bufs, done = lowered.buffers, set()
+    bufs, done, made = lowered.buffers, set(), []
     for red in [b for b in bufs if isinstance(b, Reduction) and b.deviation is not None]:
         out, rnumel = sympy.sympify(sympy.prod(red.ranges)), sympy.sympify(sympy.prod(red.reduction_ranges))
         if not (out.is_Integer and rnumel.is_Integer):
@@ -588,8 +591,12 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
         rows = max(1, piece // int(inner))
         sums = [b for b in bufs if isinstance(b, Reduction) and b.reduction_type == "sum"
                 and b.deviation is None and b.ranges == red.ranges and b.reduction_ranges == red.reduction_ranges
-                and b.src_dtype == red.src_dtype and _same_values(b, red.deviation[0])]
-        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer)
+                and b.src_dtype == red.src_dtype and _same_values(b, b.inner_fn, red.deviation[0])]
+        names = next((names for other, r, names in made if r == rows and other.ranges == red.ranges
+                      and other.reduction_ranges == red.reduction_ranges and other.src_dtype == red.src_dtype
+                      and _same_values(red, other.deviation[0], red.deviation[0])), None)
+        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer, names)
+        made.append((red, rows, names or (first[0].name, first[1].name)))
         at = min(bufs.index(b) for b in sums + [red])
         replace = dict(zip(sums, total))
         replace[red] = combined

@@ -221,3 +221,19 @@ def test_few_columns_split_across_the_reduction(rng):
     assert len(kernels) == 2 and "#pragma omp parallel for" in kernels[0], kernels
     assert_close(np.asarray(s), a.astype(np.float64).sum(0), "float32", rtol=1e-4)
     assert_close(np.asarray(m), a.max(0), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_var_in_pieces_half_permuted_keepdim(rng, dtype):
+    """Half inputs (computed in float32), a permuted view and keepdim: the pieces see the same
+    values the two-pass form saw."""
+    a = rng.standard_normal((300, 37)) * 2 + 3
+    x = stax.tensor(a).to(getattr(stax, dtype))
+    X = np.asarray(x.float()).astype(np.float64)
+    cf = stax.compile(lambda x: (x.t().var(1, keepdim=True), x.t().std(1, correction=0), x.t().mean(1)))
+    v, s, m = cf(x)
+    assert len(cf.last_generated.kernels) == 2, list(cf.last_generated.kernels.values())
+    assert tuple(v.shape) == (37, 1)
+    assert_close(np.asarray(v.float()), X.T.var(1, ddof=1, keepdims=True), dtype)
+    assert_close(np.asarray(s.float()), X.T.std(1), dtype)
+    assert_close(np.asarray(m.float()), X.T.mean(1), dtype)
