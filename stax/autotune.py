@@ -390,8 +390,10 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
         for yb, xb, w in ((64, 64, 8), (64, 64, 16), (32, 32, 4), (16, 128, 4), (64, 128, 8), (128, 64, 8)):
             out.append({"YBLOCK": yb, "XBLOCK": xb, "num_warps": w, "num_stages": 1})
     elif kind == "pointwise":
-        for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16)):
-            if xb <= max(16, _pow2_at_most(x, 4096)):
+        # (4096, 4) and (8192, 8): 32 elements a thread, for a kernel whose math (erf and exp:
+        # the exact GELU) is as long as its memory time, so more loads are in flight per thread
+        for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16), (4096, 4), (8192, 8)):
+            if xb <= max(16, _pow2_at_most(x, 8192 if xb > 4096 else 4096)):
                 out.append({"XBLOCK": xb, "num_warps": w, "num_stages": 1})
     elif kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
         out += _outer_persistent_candidates(x, r0_block)

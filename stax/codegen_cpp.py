@@ -62,6 +62,29 @@ def split_policy(numel_out, numel_red) -> int:
     return 8 * threads
 
 
+def outer_split_policy(numel_out, numel_red) -> int:
+    """Alg. 6.1 for a reduction that reads across rows (the column form): its parallel work is its
+    blocks of at least LANES columns, not its outputs. Too few blocks for the threads (`x.sum(0)`
+    of a 40000 x 3 matrix: one block) → split the rows, partials [splits, outputs], so the pieces
+    run in parallel and a second column kernel combines them."""
+    threads = get_num_threads()
+    if not (sympy.sympify(numel_out).is_Integer and sympy.sympify(numel_red).is_Integer):
+        return 1
+    out, red = int(numel_out), int(numel_red)
+    if threads < 2 or -(-out // LANES) >= threads or red < 8192 or out * red < PARALLEL_MIN:
+        return 1
+    return max(1, min(4 * threads, red // 2048))
+
+
+def deviation_piece(numel_out, numel_red, outer: bool) -> int:
+    """Elements per piece of var's deviations (lower.chunk_deviations). Columns: 128 rows, so a
+    block of COLUMN_BLOCK columns (512 KiB) stays in L2 for the second pass over its piece. A row
+    stays in cache up to 64K elements; longer rows go in pieces of 4096."""
+    if outer:
+        return 128
+    return 4096 if numel_red > 65536 else 0
+
+
 # ---- §8 C types, literals and index expressions ----
 
 _CTYPE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float",

@@ -30,8 +30,8 @@ import sympy
 from .ir import Scatter
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
-from .triton_outer import outer_applies, outer_reduction_kernel
-from .triton_reduction import reduction_kernel
+from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
+from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, pysize, wrapper_launches,
                       wrapper_prologue)
 
@@ -73,6 +73,16 @@ def outer_split_policy(numel_out, numel_red, target: Target | None = None) -> in
         return 1
     splits = 1 << math.ceil(math.log2(4 * sm / programs))
     return max(1, min(splits, OUTER_MAX_SPLITS, red // OUTER_MIN_PIECE))
+
+
+def deviation_piece(numel_out, numel_red, outer: bool) -> int:
+    """Elements per piece of var's deviations (lower.chunk_deviations): a piece an OUTER kernel
+    holds in registers (§9.4's bound of 64 rows), so each piece is read once. A row (INNER) up to
+    MULTI_PASS_PERSISTENT_LIMIT is already read once by the persistent form (and its per-element
+    epilogue, layer_norm's, shares that read): longer rows go in pieces of 1024."""
+    if outer:
+        return OUTER_PERSISTENT_LIMIT
+    return 1024 if numel_red > MULTI_PASS_PERSISTENT_LIMIT else 0
 
 
 # ---- §9.7 The module and its wrapper ----

@@ -300,6 +300,9 @@ class Reduction:
     src_dtype: object               # dtype of the values being reduced (the accumulator's type)
     layout: Layout
     origins: list = field(default_factory=list)
+    # var's second reduction sum_r (v - c)^2 knows its parts: (v(index, rindex), c(index)), so that
+    # lowering can reduce it in pieces read once (lower.chunk_deviations, Chan's combine)
+    deviation: tuple | None = None
 
 
 @dataclass(eq=False)

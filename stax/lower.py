@@ -16,6 +16,7 @@ Where to look:
   - gathers and scatters (index, index_put) ....... lower_index.py; `_Lowering.index_put`
   - reductions .................................... `_lower_reduction`
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
+  - var/std read once: deviations in pieces ......... `chunk_deviations`, `_chunked_deviation`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
   - the IR itself, its printer, merge_dims .......... ir.py
 """
@@ -446,10 +447,175 @@ def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) 
     return [first, second]
 
 
+# ---- §6.5 var's deviations in pieces read once (Chan's combine) ----
+
+
+def _deviation_parts(node, env) -> tuple | None:
+    """(v, c) when the sum `node` is var's second pass, sum_r (v - c)^2 with c constant along the
+    reduced dims (tensor_ops.var, layer_norm: `dev = x - mean; sum(dev * dev)`), else None."""
+    sq = node.inputs[0] if node.inputs else None
+    if node.op != "sum" or getattr(sq, "op", None) != "mul" or len(sq.inputs) != 2 or sq.inputs[0] is not sq.inputs[1]:
+        return None
+    dev = sq.inputs[0]
+    if getattr(dev, "op", None) != "sub" or not all(hasattr(a, "op") for a in dev.inputs):
+        return None
+    v, c = (env[a] for a in dev.inputs)
+    dtype, shape, dims = node.meta.dtype, tuple(dev.meta.shape), node.params["dims"]
+    if not dtype.is_floating_point or compute_dtype(dtype) is not dtype or not dims:
+        return None
+    if any(x.dtype is not dtype for x in (v, c)) or sq.meta.dtype is not dtype or dev.meta.dtype is not dtype:
+        return None
+    lead = len(shape) - len(c.shape)
+    if any(k >= lead and c.shape[k - lead] != 1 for k in dims):
+        return None                  # c varies along a reduced dim: not a deviation from a row value
+    kept = [k for k in range(len(shape)) if k not in dims]
+    lv, lc = _broadcast_loader(v, shape), _broadcast_loader(c, shape)
+
+    def full(index, rindex):
+        out = [sympy.Integer(0)] * len(shape)
+        for k, i in zip(kept, index):
+            out[k] = i
+        for k, r in zip(dims, rindex):
+            out[k] = r
+        return out
+    return (lambda index, rindex: lv(full(index, rindex)),
+            lambda index: lc(full(index, [sympy.Integer(0)] * len(dims))))
+
+
+class _TreeOps:
+    """An ops handler whose values are expression trees (two bodies compare structurally)."""
+
+    def load(self, name, index):
+        return ("load", name, sympy.expand(sympy.sympify(index)))
+
+    def masked(self, mask, body, other):
+        return ("masked", mask, body(), other)
+
+    def __getattr__(self, op):
+        return lambda *args: (op,) + tuple(a.name if hasattr(a, "itemsize") else a for a in args)
+
+
+def _same_values(red: Reduction, fn_a, fn_b) -> bool:
+    """Do two bodies (index, rindex) -> value over red's loops compute the same expression?"""
+    xv, rv = index_vars("x", len(red.ranges)), index_vars("r", len(red.reduction_ranges))
+    with set_handler(_TreeOps()):
+        return fn_a(xv, rv) == fn_b(xv, rv)
+
+
+def _piece_fn(red: Reduction, inner, splits: int, rows: int):
+    """inner(s, x, rindex) over piece s: `rows` slices of the outermost reduced dim, the inner
+    reduced dims whole (their loads keep their shape: contiguous runs, SIMD on the CPU);
+    (s, x, rindex) -> value, or the identity 0 past the last slice."""
+    outer_size = red.reduction_ranges[0]
+
+    def fn(s, x, r):
+        full = [s * rows + r[0]] + list(r[1:])
+        if rows * splits == outer_size:
+            return inner(s, x, full)
+        in_range = ops.lt(ops.index_expr(full[0], int64), ops.index_expr(outer_size, int64))
+        return ops.masked(in_range, lambda: inner(s, x, full), ops.constant(0, red.src_dtype))
+    return fn
+
+
+def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None) -> tuple:
+    """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
+    by its first value K_s (the shifted values are small, so their float sums are accurate even
+    when the mean is large): its sum S_s = sum (v - K_s) and deviations M2_s = sum (v - K_s -
+    S_s/n_s)^2 (two passes over a piece its kernel holds in registers or cache: one read from
+    memory); then Chan's combine sum_s M2_s + n_s (K_s - c + S_s/n_s)^2, exact for any c. The sums
+    of v in `sums` (the mean's) become sum_s n_s K_s + S_s. `names`: the pieces of another
+    deviation reduction of the same v (std and var of one input), reused."""
+    v_fn, c_fn = red.deviation
+    dt, n_outer = red.src_dtype, int(red.reduction_ranges[0])
+    inner = int(sympy.prod(red.reduction_ranges[1:]))
+    splits = -(-n_outer // rows)
+    rows = -(-n_outer // splits)
+    splits = -(-n_outer // rows)                 # every piece holds at least one slice
+    last = n_outer - (splits - 1) * rows
+    ranges1 = [sympy.Integer(splits)] + list(red.ranges) if outer else list(red.ranges) + [sympy.Integer(splits)]
+    layout1 = Layout(tuple(ranges1), contiguous_strides(ranges1))
+    at = (lambda s, x: [s] + list(x)) if outer else (lambda s, x: list(x) + [s])
+    sx = (lambda i: (i[0], i[1:])) if outer else (lambda i: (i[-1], i[:-1]))
+
+    def count(s):
+        if last == rows:
+            return ops.constant(float(rows * inner), dt)
+        return ops.where(ops.lt(ops.index_expr(s, int64), ops.index_expr(splits - 1, int64)),
+                         ops.constant(float(rows * inner), dt), ops.constant(float(last * inner), dt))
+
+    def shift(s, x):
+        return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
+    s_name, m2_name = names or (new_name(), new_name())
+    load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
+    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows)
+
+    def dev_piece(index, rindex):
+        s, x = sx(index)
+        mean = ops.truediv(load_s(index), count(s))
+
+        def sq(s_, x_, r_):
+            d = ops.sub(ops.sub(v_fn(x_, r_), shift(s_, x_)), mean)
+            return ops.mul(d, d)
+        return _piece_fn(red, sq, splits, rows)(s, x, rindex)
+
+    ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
+    first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
+             for name, fn in ((s_name, lambda i, r: sum_piece(*sx(i), r)), (m2_name, dev_piece))]
+
+    def combine(index, rindex):
+        s = rindex[0]
+        n = count(s)
+        d = ops.add(ops.sub(shift(s, index), c_fn(index)), ops.truediv(load_s(at(s, index)), n))
+        return ops.add(load_m2(at(s, index)), ops.mul(n, ops.mul(d, d)))
+
+    def total_fn(index, rindex):
+        s = rindex[0]
+        return ops.add(ops.mul(count(s), shift(s, index)), load_s(at(s, index)))
+    rs = [sympy.Integer(splits)]
+    first = [] if names else first
+    total = [Reduction(a.name, a.dtype, list(a.ranges), rs, "sum", total_fn, dt, a.layout, list(a.origins))
+             for a in sums]
+    return first, total, Reduction(red.name, red.dtype, list(red.ranges), rs, "sum", combine, dt,
+                                   red.layout, list(red.origins))
+
+
+def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
+    """Reduce each var deviation reduction longer than the back end's one-read piece
+    (`deviation_piece(numel_out, numel_red, outer) -> elements`) in pieces (`_chunked_deviation`);
+    its pieces run where the first sum of the same values (the mean's, anywhere in the program) or
+    the deviations ran, and those sums read the pieces."""
+    bufs, done, made = lowered.buffers, set(), []
+    for red in [b for b in bufs if isinstance(b, Reduction) and b.deviation is not None]:
+        out, rnumel = sympy.sympify(sympy.prod(red.ranges)), sympy.sympify(sympy.prod(red.reduction_ranges))
+        if not (out.is_Integer and rnumel.is_Integer):
+            continue
+        outer = reads_across_rows(red)
+        piece = deviation_piece(int(out), int(rnumel), outer)
+        inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
+        if not piece or int(rnumel) <= piece or not inner.is_Integer or int(inner) >= int(rnumel) // 2:
+            continue                 # short enough to read once, or too few slices to cut in pieces
+        rows = max(1, piece // int(inner))
+        sums = [b for b in bufs if isinstance(b, Reduction) and b.reduction_type == "sum"
+                and b.deviation is None and b.ranges == red.ranges and b.reduction_ranges == red.reduction_ranges
+                and b.src_dtype == red.src_dtype and _same_values(b, b.inner_fn, red.deviation[0])]
+        names = next((names for other, r, names in made if r == rows and other.ranges == red.ranges
+                      and other.reduction_ranges == red.reduction_ranges and other.src_dtype == red.src_dtype
+                      and _same_values(red, other.deviation[0], red.deviation[0])), None)
+        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer, names)
+        made.append((red, rows, names or (first[0].name, first[1].name)))
+        at = min(bufs.index(b) for b in sums + [red])
+        replace = dict(zip(sums, total))
+        replace[red] = combined
+        bufs[:] = [replace.get(b, b) for b in bufs[:at]] + first + [replace.get(b, b) for b in bufs[at:]]
+        done |= {b.name for b in first + [combined]} | {b.name for b in sums}
+    return done
+
+
 # ---- §6 The lowering pass ----
 
 
-def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=None) -> LoweredGraph:
+def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=None,
+          deviation_piece=None) -> LoweredGraph:
     """Lower every graph node; realize values into buffers where the data flow requires it.
 
     A pointwise value is inlined into its consumers (it never touches memory) unless it is a graph
@@ -457,6 +623,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     `split_policy(numel_out, numel_red) -> splits` is the back end's choice for Alg. 6.1 (1: none);
     `outer_split_policy`, when the back end has one, decides instead for reductions that read across
     rows (`reads_across_rows`), whose partials it lays out with the output dims innermost.
+    `deviation_piece`, when given, reduces var's deviations in pieces read once (`chunk_deviations`).
     """
     lo = _Lowering(inline_limit)
     lo.add_inputs(graph)
@@ -466,7 +633,8 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     mutations = lo.write_back_mutations(graph)
     lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))
     if split_policy is not None:
-        _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy)
+        done = chunk_deviations(lowered, deviation_piece, lo.new_name) if deviation_piece else set()
+        _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy, done)
     return lowered
 
 
@@ -534,7 +702,11 @@ class _Lowering:
         elif op == "index_put":
             v = self.index_put(node, args[0], args[1], args[2:])
         elif op in REDUCTION_IDENTITY:
+            emitted = len(self.buffers)
             v = _lower_reduction(node, args[0], self.new_name, self.emit)
+            parts = _deviation_parts(node, self.env) if len(self.buffers) > emitted else None
+            if parts is not None:
+                self.buffers[-1].deviation = parts
         elif op in FALLBACK_OPS:
             v = self.fallback(node, args)
         else:
@@ -690,10 +862,11 @@ def reads_across_rows(red: Reduction) -> bool:
     return any(e.coeff(v) == 1 for e in exprs for v in xv)
 
 
-def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_split_policy=None):
+def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_split_policy=None, done=()):
     out = []
     for buf in lowered.buffers:
-        if isinstance(buf, Reduction) and buf.reduction_type in ("sum", "prod", "amax", "amin"):
+        if isinstance(buf, Reduction) and buf.reduction_type in ("sum", "prod", "amax", "amin") \
+                and buf.name not in done:
             outer = outer_split_policy is not None and reads_across_rows(buf)
             splits = (outer_split_policy if outer else split_policy)(
                 sympy.prod(buf.ranges), sympy.prod(buf.reduction_ranges))

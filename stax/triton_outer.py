@@ -36,7 +36,7 @@ from .dtypes import int64
 from .ir import IndexCollector, Reduction, index_vars, set_handler
 from .schedule import node_index, phases
 from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
-from .triton_reduction import _RED_FN, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
+from .triton_reduction import _RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
 BLOCK = "[R0_BLOCK, XBLOCK]"
@@ -64,7 +64,7 @@ def outer_applies(k: TritonKernel) -> bool:
         return False
     xv, rv = index_vars("x", len(g.ranges)), index_vars("r", len(g.reduction_ranges))
     loads = _loads(k, xv, rv)
-    if not loads or any(e.coeff(rv[-1]) == 1 for e, _ in loads):
+    if not loads or any(_contiguous_along(e, rv[-1]) for e, _ in loads):
         return False
     return any(e.coeff(v) == 1 for e, _ in loads for v in xv)
 

@@ -38,12 +38,13 @@ MULTI_PASS_PERSISTENT_LIMIT = 32768
 def _contiguous_along(e, r) -> bool:
     """Consecutive r read consecutive addresses: r with coefficient 1, or `r % m` (r // 1 % m,
     ModularIndexing(r, 1, m)) with coefficient 1 for a row of m ≥ 32 elements (the (N, H, W)
-    statistics of NCHW data, whose flattened reduction index wraps every H·W elements)."""
+    statistics of NCHW data, whose flattened reduction index wraps every H·W elements; in a piece of
+    a split reduction, `(r + 1024*x1) % 56`)."""
     e = sympy.sympify(e)
     if e.coeff(r) == 1:
         return True
-    return any(m.args[0] == r and m.args[1] == 1 and m.args[2].is_Integer and int(m.args[2]) >= 32
-               and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
+    return any(sympy.expand(m.args[0]).coeff(r) == 1 and m.args[1] == 1 and m.args[2].is_Integer
+               and int(m.args[2]) >= 32 and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
 
 
 def _reduction_form(k) -> tuple:
@@ -226,26 +227,28 @@ def _online_softmax_pair(k, nodes, next_phase, xvars, rvars) -> bool:
 
 
 def _online_phase(k, m, d, xvars, rvars) -> list:
-    """One pass over the row keeping (m, d) per lane: m' = max(m, v), d' = d·e^(m - m') + e^(v - m');
-    then the lanes are merged the same way (the pair is a monoid, Prop. 9.1)."""
+    """One pass over the row keeping the pair (m, d) (Prop. 9.1) with m per row: each step first
+    takes the block's max (m' = max(m, max_r v)), rescales the lanes' sums by e^(m - m') (one
+    exponential per row) and adds e^(v - m') (one per element). A running max per lane instead
+    needs two exponentials per element, and a 65536-long row is then compute-bound on the H200."""
     nm, nd = k.new_tmp()[3:], k.new_tmp()[3:]
     mask, ty = _reduce_mask(k), tl_dtype(m.src_dtype)
-    pre = [f'_tmp{nm} = tl.full([XBLOCK, R0_BLOCK], float("-inf"), {ty})',
+    pre = [f'_tmp{nm} = tl.full([XBLOCK, 1], float("-inf"), {ty})',
            f"_tmp{nd} = tl.full([XBLOCK, R0_BLOCK], 0, {ty})"]
     p = TritonPrinter(k)
     value = k.body(m, xvars, rvars, p)
     v = p.emit(f"tl.broadcast_to({value}, [XBLOCK, R0_BLOCK])", value.dtype)
-    m_new = p.emit(f"triton_helpers.maximum(_tmp{nm}, {v})", m.src_dtype)
+    live = p.emit(f'tl.where({mask}, {v}, float("-inf"))', m.src_dtype)
+    m_new = p.emit(f"triton_helpers.maximum(_tmp{nm}, triton_helpers.max2({live}, 1)[:, None])", m.src_dtype)
     empty = p.emit(f'{m_new} == float("-inf")', bool_)      # nothing but -inf yet: e^(nan) would poison d
     scale = p.emit(f"tl.where({empty}, 0.0, libdevice.exp(_tmp{nm} - {m_new}))", m.src_dtype)
-    term = p.emit(f"tl.where({empty}, 0.0, libdevice.exp({v} - {m_new}))", m.src_dtype)
-    p.lines.append(f"_tmp{nd} = tl.where({mask}, _tmp{nd} * {scale} + {term}, _tmp{nd})")
-    p.lines.append(f"_tmp{nm} = tl.where({mask}, {m_new}, _tmp{nm})")
+    term = p.emit(f"tl.where({mask} & ({m_new} != float(\"-inf\")), libdevice.exp({v} - {m_new}), 0.0)", m.src_dtype)
+    p.lines.append(f"_tmp{nd} = _tmp{nd} * {scale} + {term}")
+    p.lines.append(f"_tmp{nm} = {m_new}")
     loop = ["for r0_offset in tl.range(0, r0_numel, R0_BLOCK):"]
     loop += ["    " + line for line in axis_lines(k, k.raxis, None, looped=True) + var_lines(k.raxis)]
     loop += ["    " + line for line in p.lines]
-    post = [f"tmp{nm} = triton_helpers.max2(_tmp{nm}, 1)[:, None]",
-            f'tmp{nd} = tl.sum(tl.where(tmp{nm} == float("-inf"), 0.0, _tmp{nd} * libdevice.exp(_tmp{nm} - tmp{nm})), 1)[:, None]']
+    post = [f"tmp{nm} = _tmp{nm}", f"tmp{nd} = tl.sum(_tmp{nd}, 1)[:, None]"]
     for node, num in ((m, nm), (d, nd)):
         k.locals[node.name] = Var(f"tmp{num}", node.src_dtype)
         if node.name not in k.sched.kernel_local:

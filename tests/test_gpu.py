@@ -172,6 +172,8 @@ MORE = {
     "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),
     "cat_half": (lambda x, y: stax.cat([x.half(), y.half()], 0).float() * 2, [(5, 3), (4, 3)]),
     "online_softmax": (lambda x: stax.softmax(x, -1), [(300, 40000)]),
+    "var_pieces": (lambda x: (x.var(0), x.mean(0)), [(257, 33)]),                       # lower.chunk_deviations
+    "bnstats_pieces": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), [(8, 3, 65, 65)]),
     "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(7, 40, 33), (40, 33, 7), (33, 7, 40)]),
     "mm": (lambda a, b, c: stax.relu(a @ b + c), [(70, 33), (33, 45), (45,)]),
     "bmm_half": (lambda a, b: (a.half() @ b.half()).float(), [(3, 20, 40), (3, 40, 24)]),

@@ -192,3 +192,29 @@ def test_var_outer_is_as_accurate_as_rows():
 def test_nan_in_a_column():
     for op in ("sum", "amax", "amin", "argmax"):
         _check(op, (300, 33), (0,), nan=True, seed=5)
+
+
+# ---- var's deviations in pieces read once (lower.chunk_deviations) ----
+
+
+def test_var_in_pieces_outer_and_inner():
+    """var over dim 0 (OUTER, pieces of 64 rows held in registers: a persistent first kernel) and
+    batch-norm statistics longer than 32768 (INNER, pieces of whole images), on data with a large mean
+    against float64 numpy."""
+    rng = np.random.default_rng(7)
+    a = (1e4 + rng.standard_normal((257, 33))).astype(np.float32)      # 5 pieces: 52 rows, the last 49
+    cf = stax.compile(lambda t: (t.var(0), t.mean(0)))
+    var, mean = cf(stax.tensor(a).to("cuda"))
+    A = a.astype(np.float64)
+    assert_close(var.cpu(), A.var(0, ddof=1), stax.float32, rtol=2e-5)
+    assert_close(mean.cpu(), A.mean(0), stax.float32)
+    texts = _texts(cf.last_generated)
+    assert len(texts) == 2 and "triton_per_fused_0" in texts[0] and "ReductionHint.OUTER" in texts[0]
+    b = (5 + 3 * rng.standard_normal((8, 3, 65, 65))).astype(np.float32)    # 8 pieces of 65 x 65
+    cf = stax.compile(lambda t: (t.mean((0, 2, 3)), t.var((0, 2, 3), unbiased=False)))
+    mean, var = cf(stax.tensor(b).to("cuda"))
+    B = b.astype(np.float64)
+    assert_close(mean.cpu(), B.mean((0, 2, 3)), stax.float32)
+    assert_close(var.cpu(), B.var((0, 2, 3)), stax.float32, rtol=2e-5)
+    texts = _texts(cf.last_generated)       # (a multi-pass row: both forms of the pieces' kernel)
+    assert cf.last_generated.wrapper.count(".run(") == 2 and "triton_per_fused_0" in texts[0], texts

@@ -176,3 +176,64 @@ def test_few_outputs_and_long_reductions(rng, shape):
     for g, w in zip(got, (A.sum(0), A.max(0), A.mean(-1), A.var(0, ddof=1) if shape[0] > 1 else None)):
         if w is not None:
             assert_close(np.asarray(g), w, "float32", rtol=1e-3)
+
+
+# ---- var's deviations in pieces read once (lower.chunk_deviations) ----
+
+
+@pytest.mark.parametrize("shape,dims", [((1001, 37), (0,)), ((3, 70001), (1,)), ((20, 3, 60, 60), (0, 2, 3))])
+def test_var_in_pieces_is_read_once_and_accurate(rng, shape, dims):
+    """Columns longer than a piece (128 rows; 1001 = 7 pieces of 126 and one of 119), rows longer
+    than 64K and (N, H, W) statistics (a piece per image): the deviations run in pieces, each read
+    once, combined by Chan's formula. Data with a
+    large mean (1e4 + randn) against float64 numpy: the per-piece shift keeps the float32 sums of
+    the pieces accurate (a plain float32 column sum of 1e4's is off by ~1e-4 relative)."""
+    a = (1e4 + rng.standard_normal(shape)).astype(np.float32)
+    A = a.astype(np.float64)
+    cf = stax.compile(lambda x: (x.var(dims), x.mean(dims), x.std(dims, unbiased=False)))
+    var, mean, std = cf(stax.tensor(a))
+    assert_close(np.asarray(var), A.var(dims, ddof=1), "float32", rtol=2e-5)
+    assert_close(np.asarray(mean), A.mean(dims), "float32")
+    assert_close(np.asarray(std), A.std(dims), "float32", rtol=2e-5)
+    kernels = list(cf.last_generated.kernels.values())
+    assert len(kernels) == 2, kernels    # the pieces (sums and deviations), then the combine
+
+
+def test_var_in_pieces_nan_inf_and_odd_sizes(rng):
+    a = rng.standard_normal((300, 7)).astype(np.float32) + 50
+    a[17, 1], a[299, 2], a[5, 3], a[6, 3] = np.nan, np.inf, np.inf, -np.inf
+    got = stax.compile(lambda x: x.var(0))(stax.tensor(a))
+    with np.errstate(invalid="ignore"):
+        want = a.astype(np.float64).var(0, ddof=1)
+    assert_close(np.asarray(got), want, "float32")
+    assert np.isnan(np.asarray(got)[[1, 2, 3]]).all()
+    one = stax.compile(lambda x: x.var(0))(stax.tensor(a[:129, :1]))    # 129 rows: two pieces, one output
+    assert_close(np.asarray(one), a[:129, :1].astype(np.float64).var(0, ddof=1), "float32")
+
+
+def test_few_columns_split_across_the_reduction(rng):
+    """Three output columns, 40000 rows: one block of columns would leave a thread idle, so the rows
+    are split (codegen_cpp.outer_split_policy) and the pieces run in parallel, then combine."""
+    a = rng.standard_normal((40000, 3)).astype(np.float32)
+    cf = stax.compile(lambda x: (x.sum(0), x.amax(0)))
+    s, m = cf(stax.tensor(a))
+    kernels = list(cf.last_generated.kernels.values())
+    assert len(kernels) == 2 and "#pragma omp parallel for" in kernels[0], kernels
+    assert_close(np.asarray(s), a.astype(np.float64).sum(0), "float32", rtol=1e-4)
+    assert_close(np.asarray(m), a.max(0), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_var_in_pieces_half_permuted_keepdim(rng, dtype):
+    """Half inputs (computed in float32), a permuted view and keepdim: the pieces see the same
+    values the two-pass form saw."""
+    a = rng.standard_normal((300, 37)) * 2 + 3
+    x = stax.tensor(a).to(getattr(stax, dtype))
+    X = np.asarray(x.float()).astype(np.float64)
+    cf = stax.compile(lambda x: (x.t().var(1, keepdim=True), x.t().std(1, correction=0), x.t().mean(1)))
+    v, s, m = cf(x)
+    assert len(cf.last_generated.kernels) == 2, list(cf.last_generated.kernels.values())
+    assert tuple(v.shape) == (37, 1)
+    assert_close(np.asarray(v.float()), X.T.var(1, ddof=1, keepdims=True), dtype)
+    assert_close(np.asarray(s.float()), X.T.std(1), dtype)
+    assert_close(np.asarray(m.float()), X.T.mean(1), dtype)
