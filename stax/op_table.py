@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from .attention_kernels import sdpa_numpy
 from .dtypes import float64
 
 # ---- The record ----
@@ -223,6 +224,8 @@ OPS = {d.name: d for d in [
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
     OpDef("unique", "other", 1, lambda x: np.unique(x.reshape(-1)), fallback=True),
+    # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
+    OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
     # graph-only: capture.py's functional form of a write through a slice / select view
     OpDef("slice_scatter", "scatter", 2, None),
     OpDef("select_scatter", "scatter", 2, None),

@@ -1,0 +1,414 @@
+"""§9.10 Attention, the kernel side: the online triple, its eager form, and the flash templates.
+
+Layer: back end (GPU) and bottom at once: it imports nothing of stax, so that op_table.py (the
+eager `sdpa` op), the launcher (triton_heuristics.py: configurations and grid of the kind
+"attention") and the generator (codegen_triton.py) can all read it. The user's API (sdpa,
+omni_attention, block masks, the backward) sits at the top, in attention.py.
+
+Consumes: float64/float32 numpy arrays (the triple, the eager op), or an `AttentionSpec`: the
+layouts of q, k, v (and of an attention mask or a block mask), the dtype, the scale, causality,
+and the printed bodies of a traced `score_mod` / `mask_mod`.
+Produces: the kernel text `triton_tem_fused_attention_N`, decorated
+`@triton_heuristics.attention(...)`; its launch writes the output and the per-row LSE.
+
+The tiled algorithm of Theorem 9.2: one program per BLOCK_M query rows of one (batch, head) keeps
+the online triple (m, ℓ, acc) on chip while it scans K and V in BLOCK_N blocks, so S and P exist
+only as BLOCK_M × BLOCK_N tiles. Exponentials run in base 2 (the scores are multiplied by log2 e
+once), the LSE is written in base e: LSE = m + log ℓ.
+
+Where to look:
+  - `triple_of`, `merge_triples`, `finish_triple` ..... the online triple (m, ℓ, a) and its merge
+  - `sdpa_numpy` ........................................ the eager op (float64 inside)
+  - `AttentionSpec` ..................................... what one template kernel computes
+  - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
+  - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
+  - `attention_template` ................................ the entry: (name, source)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+PTR_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "bool": "*i1",
+             "int32": "*i32", "int64": "*i64"}
+INT32_LIMIT = 2 ** 31
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+# ---- §9.10 The online triple (m, ℓ, a) ----
+
+
+def triple_of(s: np.ndarray, v: np.ndarray) -> tuple:
+    """The triple of one segment of keys: m = max s, ℓ = Σ e^(s - m), a = Σ e^(s - m) v.
+
+    `s` is [..., rows, n] (the scores of the segment), `v` [..., n, d]. An empty or fully masked segment
+    (all -inf) is the identity of the merge: (-inf, 0, 0)."""
+    m = s.max(-1) if s.shape[-1] else np.full(s.shape[:-1], -np.inf)
+    shift = np.where(np.isneginf(m), 0.0, m)        # e^(-inf - -inf) is 0 here, not NaN
+    p = np.exp(s - shift[..., None])
+    return m, p.sum(-1), np.matmul(p, v)
+
+
+def merge_triples(t1: tuple, t2: tuple) -> tuple:
+    """Merge two segments: μ = max(m₁, m₂); ℓ and a both rescale by e^(mᵢ - μ). Associative and
+    commutative (the same argument as Prop. 9.1), so attention splits along the keys like a sum."""
+    (m1, l1, a1), (m2, l2, a2) = t1, t2
+    mu = np.maximum(m1, m2)
+    shift = np.where(np.isneginf(mu), 0.0, mu)
+    e1, e2 = np.exp(m1 - shift), np.exp(m2 - shift)
+    return mu, l1 * e1 + l2 * e2, a1 * e1[..., None] + a2 * e2[..., None]
+
+
+def finish_triple(t: tuple) -> tuple:
+    """(o, LSE) = (a / ℓ, m + log ℓ). A row that saw no key has ℓ = 0: o is NaN, as softmax's."""
+    m, l, a = t
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return a / l[..., None], m + np.log(l)
+
+
+# ---- §9.10 The eager op ----
+
+
+def _expand_heads(k: np.ndarray, heads: int) -> np.ndarray:
+    """GQA: each of k's heads serves heads // k.heads query heads (a repeat along dim -3)."""
+    if k.ndim < 3 or k.shape[-3] == heads:
+        return k
+    return np.repeat(k, heads // k.shape[-3], axis=-3)
+
+
+def attention_scores(q, k, scale=None) -> np.ndarray:
+    """S = scale · q kᵀ in float64 (scale defaults to 1/√d)."""
+    q = np.asarray(q, np.float64)
+    k = _expand_heads(np.asarray(k, np.float64), q.shape[-3] if q.ndim >= 3 else 1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+
+
+def apply_mask(s, attn_mask=None, is_causal=False) -> np.ndarray:
+    """A bool mask keeps where True, a float mask adds; causal keeps kv_idx ≤ q_idx (top left)."""
+    if is_causal:
+        n_q, n_kv = s.shape[-2:]
+        s = np.where(np.tril(np.ones((n_q, n_kv), bool)), s, -np.inf)
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        s = np.where(attn_mask, s, -np.inf) if attn_mask.dtype == bool else s + attn_mask
+    return s
+
+
+def sdpa_lse_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None) -> tuple:
+    """(softmax(S) v, LSE) in float64 through the triple of one segment (every key at once)."""
+    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
+    v = _expand_heads(np.asarray(v, np.float64), s.shape[-3] if s.ndim >= 3 else 1)
+    return finish_triple(triple_of(s, v))
+
+
+def sdpa_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The eager `sdpa` op (op_table): the output only."""
+    with np.errstate(all="ignore"):
+        return sdpa_lse_numpy(q, k, v, attn_mask, is_causal, scale)[0]
+
+
+# ---- §9.10 What one template kernel computes ----
+
+
+@dataclass
+class Operand:
+    """A 4-D strided view: [batch, heads, rows, cols] (size-1 or stride-0 dims broadcast)."""
+    shape: tuple
+    stride: tuple
+    offset: int = 0
+
+    def index(self, b: str, h: str, rows: str, cols: str) -> str:
+        terms = [str(self.offset)] if self.offset else []
+        for var, size, st in zip((b, h, rows, cols), self.shape, self.stride):
+            if size != 1 and st != 0:
+                terms.append(var if st == 1 else f"{var} * {st}")
+        return " + ".join(terms) or "0"
+
+    def span(self) -> int:
+        return self.offset + sum((s - 1) * abs(st) for s, st in zip(self.shape, self.stride)) + 1
+
+
+@dataclass
+class ModBody:
+    """A traced score_mod or mask_mod printed as Triton lines: its inputs are the kernel's
+    variables `score`, `b`, `h`, `q_idx`, `kv_idx`; `result` names the value it computes."""
+    lines: list
+    result: str
+
+
+@dataclass
+class AttentionSpec:
+    q: Operand
+    k: Operand
+    v: Operand
+    out: Operand
+    dtype: str                       # float32 | float16 | bfloat16
+    scale: float
+    is_causal: bool = False
+    mask: Operand | None = None      # an attention mask: bool keeps, float adds
+    mask_dtype: str = ""
+    score_mod: ModBody | None = None
+    mask_mod: ModBody | None = None
+    sparse: tuple | None = None      # (SPARSE_Q, SPARSE_KV, num-blocks layout, indices layout)
+    origins: list = field(default_factory=list)
+
+    @property
+    def dims(self) -> tuple:
+        """(B, H, HK, M, N, D)."""
+        (b, h, m, d), (_, hk, n, _) = self.q.shape, self.k.shape
+        return b, h, hk, m, n, d
+
+    @property
+    def big(self) -> bool:
+        return any(x.span() >= INT32_LIMIT for x in (self.q, self.k, self.v, self.out, self.mask) if x)
+
+
+# ---- §9.10 The kernel text ----
+
+
+def _mod_lines(body: ModBody, into: str) -> list:
+    return body.lines + [f"{into} = {body.result}"]
+
+
+def _kv_step(spec: AttentionSpec, partial: bool) -> list:
+    """One K/V block (rn = its key rows): S = QKᵀ, score_mod, the masks, the online update.
+
+    `partial` says whether this block needs masking beyond the sequence end: the causal mask, the
+    attention mask and mask_mod (Figure 9.3: only partial blocks evaluate mask_mod)."""
+    prec = ', input_precision="ieee"' if spec.dtype == "float32" else ""
+    lines = ["rn = start_n + tl.arange(0, BLOCK_N)",
+             f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), "
+             "mask=(rn[None, :] < N) & (rd[:, None] < D), other=0.0)",
+             f"qk = tl.dot(q, kT{prec}, out_dtype=tl.float32)"]
+    keep = ["(rn[None, :] < N)"]
+    if spec.score_mod is not None:
+        lines += [f"score = qk * {spec.scale!r}", "q_idx = rm[:, None]", "kv_idx = rn[None, :]"]
+        lines += _mod_lines(spec.score_mod, "qk") + [f"qk = qk * {LOG2E!r}"]
+    else:
+        lines.append(f"qk = qk * {spec.scale * LOG2E!r}")
+    if partial and spec.is_causal:
+        keep.append("(rm[:, None] >= rn[None, :])")
+    if partial and spec.mask is not None:
+        lines.append(f"am = tl.load(in_ptr3 + ({spec.mask.index('b', 'h', 'rm[:, None]', 'rn[None, :]')}), "
+                     "mask=(rm[:, None] < M) & (rn[None, :] < N), other=0)")
+        if spec.mask_dtype == "bool":
+            keep.append("(am != 0)")
+        else:
+            lines.append(f"qk = qk + am.to(tl.float32) * {LOG2E!r}")
+    if partial and spec.mask_mod is not None:
+        lines += ["q_idx = rm[:, None]", "kv_idx = rn[None, :]"] + _mod_lines(spec.mask_mod, "mm")
+        keep.append("(mm != 0)")
+    lines += [f"qk = tl.where({' & '.join(keep)}, qk, float(\"-inf\"))",
+              "# the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block",
+              "m_new = tl.maximum(m_i, tl.max(qk, 1))",
+              "m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)",
+              "alpha = tl.math.exp2(m_i - m_use)",
+              "p = tl.math.exp2(qk - m_use[:, None])",
+              "l_i = l_i * alpha + tl.sum(p, 1)",
+              f"vb = tl.load(in_ptr2 + ({spec.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+              "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+              f"acc = acc * alpha[:, None] + tl.dot(p.to({TL_DTYPES[spec.dtype]}), vb{prec}, out_dtype=tl.float32)",
+              "m_i = m_new"]
+    return lines
+
+
+def _dense_loop(spec: AttentionSpec) -> list:
+    """Every K/V block (causal: up to the diagonal block of this program's rows)."""
+    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if spec.is_causal else "N"
+    return [f"for start_n in range(0, {hi}, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, True)]
+
+
+def _sparse_loops(spec: AttentionSpec) -> list:
+    """Figure 9.3: the partial blocks of this Q block (with mask_mod), then its full blocks
+    (without); empty blocks are never visited. Each listed block is SPARSE_KV keys, scanned in
+    BLOCK_N pieces."""
+    sq, skv, nb, ind = spec.sparse
+    lines = [f"qb = (pid_m * BLOCK_M) // {sq}"]
+    for label, nb_ptr, ind_ptr, partial in (("partial", "in_ptr4", "in_ptr5", True),
+                                             ("full", "in_ptr6", "in_ptr7", False)):
+        lines += [f"# the {label} blocks of this Q block",
+                  f"n_blocks = tl.load({nb_ptr} + ({nb.index('b', 'h', 'qb', '0')}))",
+                  "for j in range(0, n_blocks):",
+                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', 'j')}))",
+                  f"    for sub in range(0, {skv}, BLOCK_N):",
+                  f"        start_n = kv_block * {skv} + sub"]
+        lines += ["        " + x for x in _kv_step(spec, partial)]
+    return lines
+
+
+def _body(spec: AttentionSpec) -> list:
+    b, h, hk, m, n, d = spec.dims
+    to64 = ".to(tl.int64)" if spec.big else ""
+    lines = [f"M = {m}", f"N = {n}", f"D = {d}",
+             "pid_m = tl.program_id(0)",
+             f"bh = tl.program_id(1){to64}",
+             f"b = bh // {h}", f"h = bh % {h}",
+             f"hk = h // {h // hk}" if h != hk else "hk = h",
+             f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}",
+             f"rd = tl.arange(0, {_next_pow2(max(d, 16))})",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             "# the online triple of each query row: running max (base 2), sum, and output",
+             "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
+             "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
+             f"acc = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)"]
+    lines += _sparse_loops(spec) if spec.sparse else _dense_loop(spec)
+    lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2",
+              "o = acc / l_i[:, None]",
+              f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+              f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
+              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
+    return lines
+
+
+def _signature(spec: AttentionSpec) -> dict:
+    ptr = PTR_TYPES[spec.dtype]
+    sig = {"in_ptr0": ptr, "in_ptr1": ptr, "in_ptr2": ptr}
+    if spec.mask is not None:
+        sig["in_ptr3"] = PTR_TYPES[spec.mask_dtype]
+    if spec.sparse:
+        sig.update({"in_ptr4": "*i32", "in_ptr5": "*i32", "in_ptr6": "*i32", "in_ptr7": "*i32"})
+    sig.update({"out_ptr0": ptr, "out_ptr1": "*fp32"})
+    numel = "i64" if spec.big else "i32"
+    sig.update({k: numel for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")})
+    return sig
+
+
+def launch_numels(spec: AttentionSpec) -> list:
+    """The numel arguments of a launch: B·H, M, N, D and the block mask's block sizes (0: dense);
+    the configurations and the grid read them (D and the sparse blocks bound the BLOCK sizes)."""
+    b, h, _, m, n, d = spec.dims
+    sq, skv = spec.sparse[:2] if spec.sparse else (0, 0)
+    return [b * h, m, n, d, sq, skv]
+
+
+def attention_template(index: int, spec: AttentionSpec) -> tuple:
+    """(kernel name, kernel source). The launch passes q, k, v [, mask] [, the four block-mask
+    arrays], out, lse (float32, [B·H·M]), then `launch_numels(spec)`."""
+    name = f"triton_tem_fused_attention_{index}"
+    sig = _signature(spec)
+    hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in launch_numels(spec))))
+    consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"]
+    what = ", ".join(dict.fromkeys(spec.origins)) or "attention"
+    src = (f"# {name}: computes {what} (flash attention, §9.10)\n"
+           f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
+           f"@triton.jit\n"
+           f"def {name}({', '.join(list(sig) + consts)}):\n"
+           + "\n".join("    " + line for line in _body(spec)) + "\n")
+    return name, src
+
+
+# ---- §9.10 The template from a graph's `sdpa` node (codegen_triton.py) ----
+
+
+def _ints(values):
+    """The values as ints, or None when one is symbolic (a §10 size: no template yet)."""
+    try:
+        return tuple(int(v) for v in values)
+    except TypeError:
+        return None
+
+
+def as_operand(shape, stride, offset=0) -> Operand | None:
+    """A layout of rank ≤ 4 as a 4-D Operand (missing leading dims broadcast), else None."""
+    shape, stride, offset = _ints(shape), _ints(stride), _ints([offset])
+    if shape is None or stride is None or offset is None or len(shape) > 4:
+        return None
+    pad = 4 - len(shape)
+    return Operand((1,) * pad + shape, (0,) * pad + stride, offset[0])
+
+
+def _extern_operand(x, lowered) -> tuple:
+    """(buffer name, dtype name, Operand or None) of an extern kernel's tensor input."""
+    if isinstance(x, str):
+        buf = lowered.buffer(x)
+        return x, buf.dtype.name, as_operand(buf.layout.shape, buf.layout.stride, buf.layout.offset)
+    buf = lowered.buffer(x.buffer)
+    return x.buffer, buf.dtype.name, as_operand(x.layout.shape, x.layout.stride, x.layout.offset)
+
+
+def make_spec(q, k, v, out, dtype, scale=None, is_causal=False, mask=None, mask_dtype="",
+              origins=()) -> AttentionSpec | None:
+    """The spec of a template for these Operands, or None when the template cannot run them
+    (shapes it does not cover: the eager op runs instead, never a wrong answer)."""
+    if dtype not in TL_DTYPES or None in (q, k, v, out) or (mask_dtype and mask is None):
+        return None
+    (b, h, m, d), (bk, hk, n, dk) = q.shape, k.shape
+    if (dk != d or v.shape != k.shape or out.shape != q.shape or bk not in (1, b) or hk == 0
+            or h % hk or d > 256 or b * h > 65535 or b * h == 0 or m == 0):
+        return None
+    if mask is not None and any(s not in (1, full) for s, full in zip(mask.shape, (b, h, m, n))):
+        return None
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return AttentionSpec(q, k, v, out, dtype, scale, bool(is_causal), mask, mask_dtype,
+                         origins=list(origins))
+
+
+def extern_spec(e, lowered) -> tuple:
+    """(AttentionSpec or None, the names of the buffers the launch reads) of an `sdpa` node."""
+    if e.op != "sdpa" or not e.inputs or not all(hasattr(x, "buffer") or isinstance(x, str)
+                                                 for x in e.inputs):
+        return None, []
+    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    names, dtypes = [o[0] for o in ops], [o[1] for o in ops]
+    if len(set(dtypes[:3])) != 1 or dtypes[0] != e.dtype.name:
+        return None, names
+    out = as_operand(e.layout.shape, e.layout.stride, 0)
+    mask, mask_dtype = (ops[3][2], dtypes[3]) if len(ops) == 4 else (None, "")
+    if mask_dtype and mask_dtype not in ("bool",) + tuple(TL_DTYPES):
+        return None, names
+    spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, e.dtype.name, e.params.get("scale"),
+                     e.params.get("is_causal", False), mask, mask_dtype, e.origins)
+    return spec, names
+
+
+# ---- §9.6 Launch configurations and the grid ----
+
+
+def attention_configs(numels: dict) -> list:
+    """Candidates (BLOCK_M, BLOCK_N, warps, stages), clamped to the sizes, BLOCK_M/BLOCK_N at most
+    the block mask's blocks; the first is the default. Head dim 128 keeps BLOCK_N at 64 or less
+    (the K and V tiles and the accumulator share the registers)."""
+    m, n, d = (int(numels.get(f"{p}numel", 1)) for p in "mnd")
+    sq, skv = int(numels.get("sqnumel", 0)), int(numels.get("skvnumel", 0))
+    cap_m, cap_n = max(16, _next_pow2(m)), max(16, _next_pow2(n))
+    if sq:
+        cap_m, cap_n = min(cap_m, sq), min(cap_n, skv)
+    wide = d > 64
+    table = (((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3))
+             if wide else
+             ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
+              (128, 64, 8, 4)))
+    out = []
+    for bm, bn, warps, stages in table:
+        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": warps,
+               "num_stages": stages}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def attention_tuning_space(start: dict, numels: dict) -> dict:
+    """Definition 9.2's Π for mode="max-autotune"; block sizes never pass the block mask's."""
+    sq, skv = int(numels.get("sqnumel", 0)) or 128, int(numels.get("skvnumel", 0)) or 128
+    space = {"BLOCK_M": [b for b in (16, 32, 64, 128) if b <= sq],
+             "BLOCK_N": [b for b in (16, 32, 64, 128) if b <= skv],
+             "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+    for name, value in start.items():
+        if value not in space[name]:
+            space[name] = sorted(space[name] + [value])
+    return space
+
+
+def attention_grid(numels: dict, cfg: dict) -> tuple:
+    """One program per BLOCK_M query rows along program_id(0), one per (batch, head) along (1)."""
+    return (-(-int(numels["mnumel"]) // cfg["BLOCK_M"]), int(numels["bnumel"]), 1)
