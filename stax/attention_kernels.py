@@ -128,9 +128,11 @@ class Operand:
 
     def index(self, b: str, h: str, rows: str, cols: str) -> str:
         terms = [str(self.offset)] if self.offset else []
-        for var, size, st in zip((b, h, rows, cols), self.shape, self.stride):
+        for i, (var, size, st) in enumerate(zip((b, h, rows, cols), self.shape, self.stride)):
             if size != 1 and st != 0:
                 terms.append(var if st == 1 else f"{var} * {st}")
+            elif i >= 2 and var != "0":     # a block's rows and cols: still a block of pointers
+                terms.append(f"{var} * 0")
         return " + ".join(terms) or "0"
 
     def span(self) -> int:

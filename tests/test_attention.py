@@ -1,0 +1,195 @@
+"""§9.10 attention: the online triple, the flash template, block masks, omni_attention.
+
+Triton kernels run on the GPU where there is one, else in Triton's interpreter (conftest sets
+TRITON_INTERPRET=1); every kernel text generated here is also built for sm_90 by test_zz_sm90.py.
+References are float64 numpy. Half types: the template rounds P to the input dtype before the
+P·V dot (as every flash kernel does), so their tolerance is the dtype's epsilon-scale one.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import stax
+from conftest import assert_close
+from stax.attention_kernels import finish_triple, merge_triples, triple_of
+
+# float16/bfloat16 outputs: P is rounded to the input dtype before the P·V dot
+HALF_TOL = {"float16": dict(rtol=5e-3, atol=2e-3), "bfloat16": dict(rtol=3e-2, atol=1.5e-2)}
+
+
+def ref_attention(q, k, v, mask=None, causal=False, scale=None):
+    """softmax(q kᵀ · scale [+ mask]) v and the LSE, in float64, written the plain way."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    if k.shape[-3] != q.shape[-3]:
+        k, v = (np.repeat(x, q.shape[-3] // x.shape[-3], axis=-3) for x in (k, v))
+    s = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    mx = s.max(-1, keepdims=True)
+    e = np.exp(s - mx)
+    return (e / e.sum(-1, keepdims=True)) @ v, (mx + np.log(e.sum(-1, keepdims=True)))[..., 0]
+
+
+def host(t):
+    return np.asarray(t.cpu().float().numpy(), np.float64)
+
+
+def randn(rng, shape, dtype=stax.float32):
+    return stax.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype)
+
+
+# ---- the online triple ----
+
+
+def _random_tree_merge(triples, rng):
+    """Merge the segments' triples in a random order and a random bracketing."""
+    items = list(triples)
+    while len(items) > 1:
+        i = int(rng.integers(len(items) - 1))
+        a, b = items[i], items[i + 1]
+        merged = merge_triples(a, b) if rng.random() < 0.5 else merge_triples(b, a)
+        items[i:i + 2] = [merged]
+    return items[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 257])
+def test_triple_merges_any_segmentation_in_any_order(rng, n):
+    rows, d = 5, 3
+    for trial in range(20):
+        s = rng.standard_normal((rows, n)) * rng.choice([1, 10, 100])
+        if trial % 4 == 1:                       # masked keys (every row keeps one), so that
+            alive = rng.integers(n, size=rows)   # whole segments of a row are -inf
+            s[rng.random((rows, n)) < 0.6] = -np.inf
+            s[np.arange(rows), alive] = 0.5
+        v = rng.standard_normal((n, d))
+        cuts = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 6))), replace=False)) \
+            if n > 1 else np.array([], int)
+        bounds = [0, *cuts.tolist(), n]
+        triples = [triple_of(s[:, a:b], v[a:b]) for a, b in zip(bounds, bounds[1:])]
+        perm = rng.permutation(len(triples))            # commutativity: any order of segments
+        o, lse = finish_triple(_random_tree_merge([triples[i] for i in perm], rng))
+        mx = s.max(-1, keepdims=True)
+        e = np.exp(s - mx)
+        np.testing.assert_allclose(o, (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lse, mx[:, 0] + np.log(e.sum(-1)), rtol=1e-12, atol=1e-12)
+
+
+def test_triple_of_an_empty_or_masked_segment_is_the_identity(rng):
+    s, v = rng.standard_normal((2, 4)), rng.standard_normal((4, 3))
+    t = triple_of(s, v)
+    for empty in (triple_of(np.zeros((2, 0)), np.zeros((0, 3))), triple_of(np.full((2, 4), -np.inf), v)):
+        for got in (merge_triples(t, empty), merge_triples(empty, t)):
+            for x, y in zip(got, t):
+                np.testing.assert_allclose(x, y, rtol=1e-15)
+    o, lse = finish_triple(triple_of(np.full((1, 3), -np.inf), v[:3]))
+    assert np.isnan(o).all() and np.isneginf(lse).all()     # softmax of nothing: NaN, as eager
+
+
+# ---- the flash template (scaled_dot_product_attention) ----
+
+
+def _sdpa_case(rng, dtype, shape_q, n, causal, hk=None):
+    b, h, m, d = shape_q
+    q = randn(rng, (b, h, m, d), dtype)
+    k, v = (randn(rng, (b, hk or h, n, d), dtype) for _ in range(2))
+    ref, lse_ref = ref_attention(host(q), host(k), host(v), causal=causal)
+    return q, k, v, ref, lse_ref
+
+
+def _close(out, ref, dtype):
+    if dtype.name in HALF_TOL:
+        assert_close(out.cpu().float(), ref, stax.float32, **HALF_TOL[dtype.name])
+    else:
+        assert_close(out.cpu(), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype,shape_q,n,causal", [
+    (stax.float32, (1, 1, 1, 16), 1, False),
+    (stax.float32, (2, 3, 37, 16), 300, True),
+    (stax.float32, (1, 2, 130, 64), 7, False),
+    (stax.float16, (1, 2, 129, 64), 129, True),
+    (stax.bfloat16, (2, 1, 65, 128), 100, False),
+    (stax.float32, (1, 1, 20, 48), 33, True),          # head dim 48: padded to 64 inside
+])
+def test_compiled_sdpa_is_one_flash_template(rng, dtype, shape_q, n, causal):
+    q, k, v, ref, lse_ref = _sdpa_case(rng, dtype, shape_q, n, causal)
+    f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    out = f(q.to("cuda"), k.to("cuda"), v.to("cuda"))
+    assert list(f.last_generated.kernels) == ["triton_tem_fused_attention_0"]
+    assert out.dtype is dtype and out.device == "cuda"
+    _close(out, ref, dtype)
+    eager = stax.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    _close(eager, ref, dtype)
+
+
+def test_attention_forward_writes_the_lse(rng):
+    q, k, v, ref, lse_ref = _sdpa_case(rng, stax.float32, (2, 2, 50, 16), 77, True)
+    out, lse = stax.attention_forward(q.to("cuda"), k.to("cuda"), v.to("cuda"), is_causal=True)
+    assert tuple(lse.shape) == (2, 2, 50) and lse.dtype is stax.float32
+    assert_close(out.cpu(), ref, stax.float32)
+    assert_close(lse.cpu(), lse_ref, stax.float32)
+    out_cpu, lse_cpu = stax.attention_forward(q, k, v, is_causal=True)     # CPU: float64 numpy
+    assert_close(out_cpu, ref, stax.float32)
+    assert_close(lse_cpu, lse_ref, stax.float32)
+
+
+def test_sdpa_grouped_heads_views_and_masks(rng):
+    """GQA (2 key heads for 4 query heads), q read through a permuted view, a broadcast bool mask
+    and an additive float mask, against float64."""
+    b, h, hk, m, n, d = 2, 4, 2, 33, 70, 16
+    q = randn(rng, (b, m, h, d)).permute(0, 2, 1, 3)             # non-contiguous
+    k, v = randn(rng, (b, hk, n, d)), randn(rng, (b, hk, n, d))
+    keep = rng.random((m, n)) < 0.7
+    keep[:, 0] = True
+    bias = rng.standard_normal((1, h, m, n)).astype(np.float32)
+    cases = [(stax.from_numpy(keep), keep), (stax.from_numpy(bias), bias.astype(np.float64))]
+    for mask, mask_np in cases:
+        f = stax.compile(lambda q, k, v, mask: stax.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=True))
+        out = f(q.to("cuda"), k.to("cuda"), v.to("cuda"), mask.to("cuda"))
+        assert list(f.last_generated.kernels) == ["triton_tem_fused_attention_0"]
+        ref, _ = ref_attention(host(q), host(k), host(v), mask=mask_np)
+        assert_close(out.cpu(), ref, stax.float32)
+        assert_close(stax.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), ref,
+                     stax.float32)
+
+
+def test_sdpa_fully_masked_row_is_nan_like_eager_and_inf_propagates(rng):
+    q, k, v = randn(rng, (1, 1, 5, 16)), randn(rng, (1, 1, 6, 16)), randn(rng, (1, 1, 6, 16))
+    keep = np.ones((5, 6), bool)
+    keep[2] = False
+    bias = np.zeros((5, 6), np.float32)
+    bias[3, 1:] = -np.inf                                       # row 3: only key 0 counts
+    for mask in (stax.from_numpy(keep), stax.from_numpy(bias)):
+        f = stax.compile(lambda q, k, v, m: stax.scaled_dot_product_attention(q, k, v, attn_mask=m))
+        out = host(f(q.to("cuda"), k.to("cuda"), v.to("cuda"), mask.to("cuda")))
+        eager = host(stax.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(eager))
+        assert_close(out, eager, stax.float32)
+    assert np.isnan(out[0, 0, 2]).sum() == 0 and np.isnan(eager[0, 0, 2]).sum() == 0
+    assert_close(out[0, 0, 3], host(v)[0, 0, 0], stax.float32)
+
+
+def test_sdpa_on_the_cpu_compiles_to_the_fallback(rng):
+    q, k, v, ref, _ = _sdpa_case(rng, stax.float32, (1, 2, 9, 8), 11, True)
+    f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=True) * 2)
+    assert_close(f(q, k, v), ref * 2, stax.float32)
+
+
+def test_sdpa_errors_say_what_to_do(rng):
+    q, k = randn(rng, (1, 4, 3, 8)), randn(rng, (1, 2, 3, 8))
+    with pytest.raises(RuntimeError, match="enable_gqa=True"):
+        stax.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(NotImplementedError, match="dropout_p=0.0"):
+        stax.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        stax.scaled_dot_product_attention(q, q.half(), q)
+    with pytest.raises(NotImplementedError, match="C\\+\\+ attention template"):
+        stax.attention_forward(q, q, q, kernel_options={"BACKEND": "CPP"})
+    with pytest.raises(ValueError, match="choose one of"):
+        stax.attention_forward(q, q, q, kernel_options={"BACKEND": "CUTE"})
+    with pytest.raises(RuntimeError, match="cuda tensors"):
+        stax.attention_forward(q, q, q, kernel_options={"BACKEND": "TRITON"})
