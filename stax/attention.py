@@ -156,3 +156,186 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
     with np.errstate(all="ignore"):
         o, lse = sdpa_lse_numpy(_host(q), _host(k), _host(v), _host(attn_mask), is_causal, scale)
     return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
+
+
+# ---- §9.10 Block masks (Figure 9.3) ----
+
+
+@dataclass
+class BlockMask:
+    """mask_mod reduced per BLOCK_SIZE block, in BCSR form: for each (b, h, Q block) the KV blocks
+    to visit with mask_mod (partial: `kv_num_blocks`, `kv_indices`) and without it (full:
+    `full_kv_num_blocks`, `full_kv_indices`). Blocks in neither list are empty: never visited.
+    B or H of 1 broadcasts. The indices are int32; each row lists its blocks first."""
+    kv_num_blocks: Tensor
+    kv_indices: Tensor
+    full_kv_num_blocks: Tensor
+    full_kv_indices: Tensor
+    Q_LEN: int
+    KV_LEN: int
+    BLOCK_SIZE: tuple
+    mask_mod: object
+
+    def counts(self) -> dict:
+        """How many (b, h, Q block, KV block) blocks are partial, full and empty."""
+        partial = int(self.kv_num_blocks.cpu()._compute().sum())
+        full = int(self.full_kv_num_blocks.cpu()._compute().sum())
+        b, h, qb, kb = self.kv_indices.shape
+        return {"partial": partial, "full": full, "empty": b * h * qb * kb - partial - full}
+
+    def to(self, device):
+        moved = [t.to(device) for t in (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                                        self.full_kv_indices)]
+        return BlockMask(*moved, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod)
+
+
+def _index_grids(b: int, h: int, m: int, n: int, device="cpu") -> list:
+    """int32 tensors b, h, q_idx, kv_idx that broadcast to [B, H, M, N] (what the mods receive)."""
+    from .tensor import arange
+    return [arange(size, dtype=int32, device=device).reshape(*[size if i == d else 1 for i in range(4)])
+            for d, size in enumerate((b, h, m, n))]
+
+
+def _eval_mask(mask_mod, b: int, h: int, m: int, n: int) -> np.ndarray:
+    """mask_mod at every position, eagerly: a bool [B, H, M, N] array."""
+    keep = mask_mod(*_index_grids(b, h, m, n))
+    keep = keep.cpu()._compute() if isinstance(keep, Tensor) else np.asarray(keep)
+    return np.broadcast_to(keep.astype(bool), (b, h, m, n))
+
+
+def _bcsr(blocks: np.ndarray) -> tuple:
+    """(count [B, H, QB], indices [B, H, QB, KB]) of the True blocks, listed first in each row."""
+    order = np.argsort(~blocks, axis=-1, kind="stable")
+    return blocks.sum(-1).astype(np.int32), order.astype(np.int32)
+
+
+def _block_sizes(block_size) -> tuple:
+    sizes = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    if len(sizes) != 2 or any(not isinstance(s, int) or s < 16 or s & (s - 1) for s in sizes):
+        raise ValueError(f"create_block_mask: BLOCK_SIZE must be a power of two >= 16 (or a pair of "
+                         f"them), got {block_size!r}")
+    return sizes
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128) -> BlockMask:
+    """Evaluate mask_mod once at all positions, then classify each block as full, partial or empty
+    (Figure 9.3). Positions past Q_LEN or KV_LEN do not count (the template masks them anyway)."""
+    b, h = B or 1, H or 1
+    bq, bkv = _block_sizes(BLOCK_SIZE)
+    qb, kb = -(-Q_LEN // bq), -(-KV_LEN // bkv)
+    keep = _eval_mask(mask_mod, b, h, Q_LEN, KV_LEN)
+    pad = ((0, 0), (0, 0), (0, qb * bq - Q_LEN), (0, kb * bkv - KV_LEN))
+    shape = (b, h, qb, bq, kb, bkv)
+    any_ = np.pad(keep, pad, constant_values=False).reshape(shape).any(axis=(3, 5))
+    all_ = np.pad(keep, pad, constant_values=True).reshape(shape).all(axis=(3, 5))
+    arrays = [*_bcsr(any_ & ~all_), *_bcsr(all_)]
+    tensors = [from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    if device != "cpu":
+        tensors = [t.to(device) for t in tensors]
+    return BlockMask(*tensors, Q_LEN, KV_LEN, (bq, bkv), mask_mod)
+
+
+# ---- §9.10 score_mod and mask_mod: traced, lowered, printed into the template ----
+
+
+class _ModKernel:
+    """What the Triton printer asks of a kernel, for a mod's body: fresh temporaries, the mod's
+    arguments as the template's variables, [1, 1] constants (they broadcast over a block)."""
+
+    def __init__(self, prefix: str, local: dict):
+        self.prefix, self.locals, self.count = prefix, local, 0
+        self.axes, self.constants, self.index64 = [None, None], {}, False
+
+    def new_tmp(self) -> str:
+        self.count += 1
+        return f"{self.prefix}{self.count - 1}"
+
+    def final(self, expr):
+        return expr
+
+
+def trace_mod(fn, is_score: bool) -> ModBody:
+    """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
+    print its inner_fn with the Triton printer: the lines the template runs per score block."""
+    from .capture import capture
+    from .ir import Pointwise, set_handler
+    from .lower import lower
+    from .printer import Var
+    from .tensor import tensor
+    from .triton_kernel import TritonPrinter
+    names = (["score"] if is_score else []) + ["b", "h", "q_idx", "kv_idx"]
+    args = [tensor(0.5, dtype=float32) if n == "score" else tensor(0, dtype=int32) for n in names]
+    what = "score_mod" if is_score else "mask_mod"
+    graph, _ = capture(fn, args)
+    low = lower(graph, inline_limit=1 << 30)
+    bodies = [x for x in low.buffers if low.outputs and x.name == low.outputs[0]]
+    if len(low.inputs) != len(names) or len(low.outputs) != 1 or len(low.buffers) != 1 \
+            or not bodies or not isinstance(bodies[0], Pointwise) or bodies[0].ranges:
+        raise NotImplementedError(f"{what} must compute one scalar from its arguments with pointwise ops "
+                                  "(no reductions, no tensors read from outside its arguments)")
+    printer = TritonPrinter(_ModKernel("score_tmp" if is_score else "mask_tmp",
+                                       {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)}))
+    with set_handler(printer):
+        result = bodies[0].inner_fn([])
+    return ModBody(printer.lines, str(result))
+
+
+# ---- §9.10 omni_attention (Listing 9.7) ----
+
+
+def _sparse_args(spec, block_mask, q) -> list:
+    b, h, _, m, n, _ = spec.dims
+    if (block_mask.Q_LEN, block_mask.KV_LEN) != (m, n):
+        raise ValueError(f"omni_attention: the block mask covers {block_mask.Q_LEN} x {block_mask.KV_LEN}, "
+                         f"the inputs {m} x {n}; build it with create_block_mask(..., Q_LEN={m}, KV_LEN={n})")
+    bm, hm = block_mask.kv_num_blocks.shape[:2]
+    if bm not in (1, b) or hm not in (1, h):
+        raise ValueError(f"omni_attention: the block mask's B={bm}, H={hm} do not broadcast to B={b}, H={h}")
+    arrays = [t if t.device == q.device else t.to(q.device) for t in
+              (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+               block_mask.full_kv_indices)]
+    nb, ind = (as_operand(t._meta.shape if t.ndim == 4 else tuple(t.shape) + (1,),
+                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), t._meta.offset)
+               for t in arrays[:2])
+    spec.sparse = (*block_mask.BLOCK_SIZE, nb, ind)
+    spec.mask_mod = trace_mod(block_mask.mask_mod, False)
+    return arrays
+
+
+def _eager_omni(q, k, v, score_mod, block_mask, scale):
+    """The CPU path: the scores in float64, the mods run eagerly on float64 tensors."""
+    s = attention_scores(_host(q), _host(k), scale)
+    b, h, m, n = s.shape
+    if score_mod is not None:
+        out = score_mod(from_numpy(np.ascontiguousarray(s)), *_index_grids(b, h, m, n))
+        s = np.broadcast_to(out._compute().astype(np.float64), s.shape)
+    if block_mask is not None:
+        s = np.where(_eval_mask(block_mask.mask_mod, b, h, m, n), s, -np.inf)
+    with np.errstate(all="ignore"):
+        o, lse = finish_triple(triple_of(s, _expand_heads(_host(v).astype(np.float64), h)))
+    return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
+
+
+def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None):
+    """Attention with a programmable score: score_mod(score, b, h, q_idx, kv_idx) rewrites each
+    score, the block mask's mask_mod(b, h, q_idx, kv_idx) says which positions count (Listing
+    9.7). q [B, H, M, D], k and v [B, HK, N, D]."""
+    _check_qkv(query, key, value, enable_gqa)
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
+    if current_tracer() is not None:      # the template is itself the compiled kernel
+        current_tracer().graph_break("omni_attention launches its own template kernel")
+    if _backend(kernel_options, query.device) == "TRITON":
+        spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query),
+                         query.dtype.name, scale)
+        if spec is None:
+            raise RuntimeError(f"the omni_attention template does not cover q {tuple(query.shape)}, "
+                               f"k {tuple(key.shape)}, {query.dtype.name}; run on the CPU instead")
+        if score_mod is not None:
+            spec.score_mod = trace_mod(score_mod, True)
+        extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
+        out, lse = _gpu_forward(query, key, value, spec, extra)
+    else:
+        out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)
+    return (out, lse) if return_lse else out

@@ -10,12 +10,29 @@ import math
 import numpy as np
 import pytest
 
+import conftest
 import stax
 from conftest import assert_close
 from stax.attention_kernels import finish_triple, merge_triples, triple_of
 
 # float16/bfloat16 outputs: P is rounded to the input dtype before the P·V dot
 HALF_TOL = {"float16": dict(rtol=5e-3, atol=2e-3), "bfloat16": dict(rtol=3e-2, atol=1.5e-2)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def record_direct_launches():
+    """Kernels omni_attention and attention_forward launch directly (not through
+    codegen_triton.generate) are recorded too, for test_zz_sm90.py to build."""
+    import stax.attention as att
+    plain = att.attention_template
+
+    def template(index, spec):
+        name, src = plain(index, spec)
+        conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
+        return name, src
+    att.attention_template = template
+    yield
+    att.attention_template = plain
 
 
 def ref_attention(q, k, v, mask=None, causal=False, scale=None):
@@ -193,3 +210,121 @@ def test_sdpa_errors_say_what_to_do(rng):
         stax.attention_forward(q, q, q, kernel_options={"BACKEND": "CUTE"})
     with pytest.raises(RuntimeError, match="cuda tensors"):
         stax.attention_forward(q, q, q, kernel_options={"BACKEND": "TRITON"})
+
+
+# ---- block masks and omni_attention (Listing 9.7, Figure 9.3) ----
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def alibi(score, b, h, q_idx, kv_idx):
+    slope = stax.exp2(-(h + 1).to(stax.float32))       # one slope per head
+    return score - slope * (q_idx - kv_idx)
+
+
+def softcap(score, b, h, q_idx, kv_idx):
+    return 20.0 * stax.tanh(score / 20.0)
+
+
+def sliding_window(b, h, q_idx, kv_idx):                # a per-head window: 40 keys for head 0, 80 for 1
+    return (q_idx >= kv_idx) & (q_idx - kv_idx < 40 * (h + 1))
+
+
+def ref_omni(q, k, v, score_fn=None, keep_fn=None):
+    """float64 numpy, with the score and mask functions written on numpy index grids."""
+    q, k, v = (host(x) for x in (q, k, v))
+    if k.shape[1] != q.shape[1]:
+        k, v = (np.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    b, h, m, n = s.shape
+    grids = np.ix_(np.arange(b), np.arange(h), np.arange(m), np.arange(n))
+    if score_fn is not None:
+        s = score_fn(s, *grids)
+    if keep_fn is not None:
+        s = np.where(keep_fn(*grids), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+REF_ALIBI = lambda s, b, h, i, j: s - 2.0 ** -(h + 1.0) * (i - j)          # noqa: E731
+REF_CAUSAL = lambda b, h, i, j: i >= j                                      # noqa: E731
+
+
+def test_figure_9_3_causal_block_counts():
+    bm = stax.create_block_mask(causal, B=None, H=None, Q_LEN=1024, KV_LEN=1024)
+    assert bm.counts() == {"partial": 8, "full": 28, "empty": 28}
+    assert tuple(bm.kv_num_blocks.shape) == (1, 1, 8) and bm.kv_indices.dtype is stax.int32
+    assert bm.kv_num_blocks.numpy().tolist() == [[[1] * 8]]
+    assert bm.full_kv_num_blocks.numpy().tolist() == [[list(range(8))]]
+    assert bm.kv_indices.numpy()[0, 0, :, 0].tolist() == list(range(8))      # the diagonal
+    # lengths off the block grid: positions past the end do not make a block partial
+    bm = stax.create_block_mask(lambda b, h, q, kv: q >= 0, None, None, 200, 130, BLOCK_SIZE=64)
+    assert bm.counts() == {"partial": 0, "full": 12, "empty": 0}
+    with pytest.raises(ValueError, match="power of two"):
+        stax.create_block_mask(causal, None, None, 64, 64, BLOCK_SIZE=48)
+
+
+def test_listing_9_7_runs_as_printed(rng):
+    """Causal attention with an ALiBi bias through stax.compile(omni_attention), N=300 (3 blocks
+    of 128, the last one short), against float64; the CPU path too."""
+    tp = stax
+    q, k, v = (randn(rng, (1, 2, 300, 16)) for _ in range(3))
+    block_mask = tp.create_block_mask(causal, B=None, H=None, Q_LEN=300, KV_LEN=300, device="cuda")
+    out = tp.compile(tp.omni_attention)(q.to("cuda"), k.to("cuda"), v.to("cuda"), score_mod=alibi,
+                                        block_mask=block_mask)
+    ref = ref_omni(q, k, v, REF_ALIBI, REF_CAUSAL)
+    assert_close(out.cpu(), ref, stax.float32)
+    cpu_mask = tp.create_block_mask(causal, None, None, 300, 300)
+    assert_close(tp.omni_attention(q, k, v, score_mod=alibi, block_mask=cpu_mask), ref, stax.float32)
+
+
+@pytest.mark.parametrize("dtype", [stax.float32, stax.bfloat16])
+def test_omni_softcap_sliding_window_per_head_gqa(rng, dtype):
+    q = randn(rng, (2, 2, 150, 16), dtype)
+    k, v = randn(rng, (2, 1, 150, 16), dtype), randn(rng, (2, 1, 150, 16), dtype)
+    bm = stax.create_block_mask(sliding_window, None, 2, 150, 150, device="cuda", BLOCK_SIZE=32)
+    assert bm.counts()["empty"] > 0 and bm.counts()["full"] > 0
+    out, lse = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), score_mod=softcap,
+                                   block_mask=bm, enable_gqa=True, return_lse=True)
+    ref = ref_omni(q, k, v, lambda s, b, h, i, j: 20 * np.tanh(s / 20),
+                   lambda b, h, i, j: (i >= j) & (i - j < 40 * (h + 1)))
+    _close(out, ref, dtype)
+    cpu_out, cpu_lse = stax.omni_attention(q, k, v, score_mod=softcap, block_mask=bm.to("cpu"),
+                                           enable_gqa=True, return_lse=True)
+    _close(cpu_out, ref, dtype)
+    assert_close(lse.cpu(), host(cpu_lse), stax.float32, rtol=1e-3, atol=1e-3)
+
+
+def test_omni_relative_position_without_block_mask(rng):
+    q, k, v = (randn(rng, (1, 3, 7, 64)) for _ in range(3))
+    rel = lambda score, b, h, q_idx, kv_idx: score + (q_idx - kv_idx).to(stax.float32) * 0.1  # noqa: E731
+    out = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), score_mod=rel)
+    assert_close(out.cpu(), ref_omni(q, k, v, lambda s, b, h, i, j: s + (i - j) * 0.1), stax.float32)
+
+
+def test_template_visits_partial_blocks_with_mask_mod_and_full_ones_without():
+    from stax.attention import trace_mod
+    from stax.attention_kernels import Operand, attention_template, make_spec
+    x = Operand((1, 1, 256, 16), (4096, 4096, 16, 1))
+    spec = make_spec(x, x, x, x, "float32")
+    nb, ind = Operand((1, 1, 2, 1), (2, 2, 1, 1)), Operand((1, 1, 2, 2), (4, 4, 2, 1))
+    spec.sparse, spec.mask_mod = (128, 128, nb, ind), trace_mod(causal, False)
+    src = attention_template(0, spec)[1]
+    partial, full = src.split("# the full blocks")
+    assert "mask_tmp0 = (q_idx >= kv_idx)" in partial and "mask_tmp" not in full
+    assert "range(0, n_blocks)" in full          # only the listed blocks: empty ones never load
+
+
+def test_omni_errors(rng):
+    q = randn(rng, (1, 1, 8, 16))
+    outside = stax.randn(8)
+    with pytest.raises(NotImplementedError, match="score_mod must compute one scalar"):
+        stax.omni_attention(q.to("cuda"), q.to("cuda"), q.to("cuda"),
+                            score_mod=lambda s, b, h, i, j: s + outside.sum())
+    bm = stax.create_block_mask(causal, None, None, 16, 16)
+    with pytest.raises(ValueError, match="Q_LEN=8, KV_LEN=8"):
+        stax.omni_attention(q.to("cuda"), q.to("cuda"), q.to("cuda"), block_mask=bm)
+    with pytest.raises(stax.capture.GraphBreak, match="omni_attention"):
+        stax.compile(stax.omni_attention, fullgraph=True)(q, q, q)
