@@ -346,8 +346,11 @@ class Generated:
 def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Generated:
     """Lower, schedule and print one captured graph, or find its module in the artifact cache."""
     from . import runtime
-    _log("graph", name, graph.format())
     cuda = device.startswith("cuda")
+    if cuda:                         # §9.10: hand-written attention becomes the flash template
+        from .fuse_attention import fuse_attention
+        graph = fuse_attention(graph)
+    _log("graph", name, graph.format())
     path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
     if path is not None and path.exists() and not (_logs() & {"ir", "schedule"}):
         module = runtime.load_artifact(path)

@@ -328,3 +328,91 @@ def test_omni_errors(rng):
         stax.omni_attention(q.to("cuda"), q.to("cuda"), q.to("cuda"), block_mask=bm)
     with pytest.raises(stax.capture.GraphBreak, match="omni_attention"):
         stax.compile(stax.omni_attention, fullgraph=True)(q, q, q)
+
+
+# ---- the pattern rewrite: hand-written attention becomes one template kernel ----
+
+
+def _compile_on_cuda(fn, *args):
+    cf = stax.compile(fn)
+    out = cf(*[a.to("cuda") for a in args])
+    return out, cf.last_generated
+
+
+def _qkv(rng, m=9, n=13, d=16, dtype=stax.float32):
+    return randn(rng, (2, 2, m, d), dtype), randn(rng, (2, 2, n, d), dtype), randn(rng, (2, 2, n, d), dtype)
+
+
+def _causal_where(s):
+    i = stax.arange(s.shape[-2], device=s.device)
+    j = stax.arange(s.shape[-1], device=s.device)
+    return stax.where(i[:, None] >= j[None, :], s, float("-inf"))
+
+
+REWRITTEN = {
+    "multiply": (lambda q, k, v: stax.softmax(q @ k.transpose(-2, -1) * 0.25, -1) @ v,
+                 lambda q, k, v: ref_attention(q, k, v, scale=0.25)[0]),
+    "divide_scale_left": (lambda q, k, v: stax.softmax(0.5 * (q @ k.transpose(-2, -1)) / 2.0, dim=-1) @ v,
+                          lambda q, k, v: ref_attention(q, k, v, scale=0.25)[0]),
+    "causal_from_arange": (lambda q, k, v: stax.softmax(_causal_where(q @ k.transpose(-2, -1) / 4.0), -1) @ v,
+                           lambda q, k, v: ref_attention(q, k, v, causal=True, scale=0.25)[0]),
+    "no_scale": (lambda q, k, v: stax.softmax(q @ k.transpose(-2, -1), -1) @ v,
+                 lambda q, k, v: ref_attention(q, k, v, scale=1.0)[0]),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(REWRITTEN))
+def test_hand_written_attention_is_one_template_kernel(rng, variant):
+    fn, ref_fn = REWRITTEN[variant]
+    q, k, v = _qkv(rng)
+    out, gen = _compile_on_cuda(fn, q, k, v)
+    assert list(gen.kernels) == ["triton_tem_fused_attention_0"], gen.graph.format()
+    assert_close(out.cpu(), ref_fn(host(q), host(k), host(v)), stax.float32)
+    assert "is_causal=True" in gen.graph.format() if variant == "causal_from_arange" else True
+
+
+def test_rewrite_key_transposed_before_masks_and_half(rng):
+    """K handed over already transposed ([.., D, N]), an additive mask, a bool mask, float16."""
+    q, k, v = _qkv(rng)
+    kt = k.transpose(-2, -1).contiguous()
+    bias = randn(rng, (9, 13))
+    out, gen = _compile_on_cuda(lambda q, kt, v, b: stax.softmax(q @ kt * 0.25 + b, -1) @ v, q, kt, v, bias)
+    assert list(gen.kernels) == ["triton_tem_fused_attention_0"]
+    assert_close(out.cpu(), ref_attention(host(q), host(k), host(v), mask=host(bias), scale=0.25)[0],
+                 stax.float32)
+    keep = stax.from_numpy(rng.random((2, 1, 9, 13)) < 0.8)
+    out, gen = _compile_on_cuda(
+        lambda q, k, v, m: stax.softmax(stax.where(m, q @ k.transpose(-2, -1) * 0.25, float("-inf")), -1) @ v,
+        q, k, v, keep)
+    assert list(gen.kernels) == ["triton_tem_fused_attention_0"]
+    ref = ref_attention(host(q), host(k), host(v), mask=keep.numpy(), scale=0.25)[0]
+    np.testing.assert_array_equal(np.isnan(host(out)), np.isnan(ref))
+    assert_close(out.cpu(), ref, stax.float32)
+    qh, kh, vh = (x.half() for x in (q, k, v))
+    out, gen = _compile_on_cuda(lambda q, k, v: stax.softmax(q @ k.transpose(-2, -1) / 4.0, -1) @ v, qh, kh, vh)
+    assert list(gen.kernels) == ["triton_tem_fused_attention_0"] and out.dtype is stax.float16
+    _close(out, ref_attention(host(qh), host(kh), host(vh), scale=0.25)[0], stax.float16)
+
+
+UNMATCHED = {
+    # a positional bias added before the scale: (S + B) * s is not S * s + mask
+    "bias_before_scale": lambda q, k, v, b: stax.softmax((q @ k.transpose(-2, -1) + b) * 0.25, -1) @ v,
+    # two masks
+    "bias_and_where": lambda q, k, v, b: stax.softmax(_causal_where(q @ k.transpose(-2, -1) * 0.25 + b), -1) @ v,
+    # the probabilities are an output too
+    "weights_returned": lambda q, k, v, b: (lambda p: (p @ v, p))(stax.softmax(q @ k.transpose(-2, -1), -1)),
+    # softmax over the queries, not the keys
+    "other_dim": lambda q, k, v, b: stax.softmax(q @ k.transpose(-2, -1), -2) @ v,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(UNMATCHED))
+def test_unmatched_attention_runs_the_ordinary_kernels(rng, variant):
+    q, k, v = _qkv(rng, m=13)
+    bias = randn(rng, (13, 13))
+    fn = UNMATCHED[variant]
+    out, gen = _compile_on_cuda(fn, q, k, v, bias)
+    assert not any("attention" in name for name in gen.kernels) and "sdpa" not in gen.graph.format()
+    outs, refs = (out if isinstance(out, tuple) else (out,)), fn(q, k, v, bias)
+    for o, r in zip(outs, refs if isinstance(refs, tuple) else (refs,)):
+        assert_close(o.cpu(), host(r), stax.float32)
