@@ -254,7 +254,21 @@ class _ModKernel:
         return expr
 
 
-def trace_mod(fn, is_score: bool) -> ModBody:
+_MODS: dict = {}             # (fn, is_score, what it reads) -> its ModBody
+
+
+def _reads(fn) -> tuple:
+    """What a mod reads besides its arguments: the globals and closure cells it names, by value
+    for scalars (a changed value must retrace), by identity otherwise."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return (id(fn),)
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]
+    names = [fn.__globals__[n] for n in code.co_names if n in fn.__globals__]
+    return tuple(v if isinstance(v, (bool, int, float, str)) else ("id", id(v)) for v in cells + names)
+
+
+def trace_mod_uncached(fn, is_score: bool) -> ModBody:
     """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
     print its inner_fn with the Triton printer: the lines the template runs per score block."""
     from .capture import capture
@@ -278,6 +292,15 @@ def trace_mod(fn, is_score: bool) -> ModBody:
     with set_handler(printer):
         result = bodies[0].inner_fn([])
     return ModBody(printer.lines, str(result))
+
+
+def trace_mod(fn, is_score: bool) -> ModBody:
+    """trace_mod_uncached, remembered per function and the values it reads."""
+    key = (fn, is_score, _reads(fn))
+    if key not in _MODS:
+        _MODS[key] = trace_mod_uncached(fn, is_score)
+    return _MODS[key]
+
 
 
 # ---- §9.10 omni_attention (Listing 9.7) ----
