@@ -39,7 +39,7 @@ from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tenso
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
-from .attention import (BlockMask, attention_forward, create_block_mask, omni_attention,  # noqa: F401 (§9.10)
+from .attention import (BlockMask, attention_backward, attention_forward, create_block_mask, omni_attention,  # noqa: F401 (§9.10)
                         scaled_dot_product_attention)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...

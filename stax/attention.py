@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import tensor_ops as _ops
-from .attention_kernels import (ModBody, apply_mask, as_operand, attention_scores, attention_template,
-                                finish_triple, launch_numels, make_spec, sdpa_lse_numpy, triple_of,
-                                _expand_heads)
+from .attention_kernels import (BackwardSpec, ModBody, as_operand, attention_scores, attention_template,
+                                backward_templates, finish_triple, launch_numels, make_spec,
+                                sdpa_lse_numpy, triple_of, _expand_heads)
 from .dtypes import bool_, float32, float64, int32
 from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
 
@@ -362,3 +362,57 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     else:
         out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)
     return (out, lse) if return_lse else out
+
+
+# ---- §9.10 The backward: P = exp(S - LSE) recomputed, dQ, dK, dV ----
+
+
+def _backward_numpy(do, q, k, v, o, lse, is_causal, scale):
+    """float64: the same recomputation as the kernels, one (batch, head) block at a time."""
+    h, hk = q.shape[-3], k.shape[-3]
+    s = attention_scores(q, k, scale)
+    if is_causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - lse[..., None])
+    kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
+    delta = (do * o).sum(-1, keepdims=True)
+    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dq = ds @ kk * scale
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    dv = np.swapaxes(p, -1, -2) @ do
+    fold = lambda x: x.reshape(x.shape[:-3] + (hk, h // hk) + x.shape[-2:]).sum(-3)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
+                       enable_gqa=False, kernel_options=None):
+    """(dQ, dK, dV) of attention_forward's (out, lse), P recomputed as exp(S - LSE) (§9.10):
+    nothing N x N is stored. cuda tensors run two Triton kernels (dK and dV over key blocks, dQ
+    over query blocks), CPU ones float64 numpy. No attention mask or score_mod here yet."""
+    _check_qkv(query, key, value, enable_gqa)
+    if query.ndim != 4 or key.shape[0] != query.shape[0]:
+        raise RuntimeError("attention_backward: query, key and value must be [B, H, L, E] with one batch size")
+    if tuple(grad_out.shape) != tuple(out.shape) or tuple(lse.shape) != tuple(query.shape[:-1]):
+        raise RuntimeError(f"attention_backward: grad_out {tuple(grad_out.shape)} must match out "
+                           f"{tuple(out.shape)} and lse {tuple(lse.shape)} must be {tuple(query.shape[:-1])}")
+    if _backend(kernel_options, query.device) != "TRITON":
+        grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
+                                is_causal, scale)
+        return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
+    spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query), query.dtype.name,
+                     scale, is_causal)
+    if spec is None:
+        raise RuntimeError(f"the backward template does not cover q {tuple(query.shape)}, {query.dtype.name}")
+    bs = BackwardSpec(spec, _operand(out), _operand(grad_out))
+    lse = lse.contiguous() if lse.dtype is float32 else lse.to(float32).contiguous()
+    dq = empty(*query.shape, dtype=query.dtype, device=query.device)
+    dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))
+    ins = [query, key, value, out, grad_out, lse]
+    for (name, src, numels), outs in zip(backward_templates(bs), ([dk, dv], [dq])):
+        kernel = _KERNELS.get(src)
+        if kernel is None:
+            from .triton_heuristics import kernel_from_source
+            kernel = _KERNELS[src] = kernel_from_source(name, src)
+        kernel.run(*ins, *outs, *numels)
+    return dq, dk, dv

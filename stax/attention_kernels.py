@@ -373,6 +373,119 @@ def extern_spec(e, lowered) -> tuple:
     return spec, names
 
 
+# ---- §9.10 The backward: P recomputed from the LSE, no N x N buffer ----
+
+
+@dataclass
+class BackwardSpec:
+    """The forward's operands plus o, dO (like q) and the LSE [B·H·M] (float32)."""
+    fwd: AttentionSpec
+    o: Operand
+    do: Operand
+
+
+def _bwd_head(spec: AttentionSpec) -> list:
+    b, h, hk, m, n, d = spec.dims
+    return [f"M = {m}", f"N = {n}", f"D = {d}", f"rd = tl.arange(0, {_next_pow2(max(d, 16))})"]
+
+
+def _dkdv_body(bs: BackwardSpec) -> list:
+    """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
+    and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
+    dK += dS^T q (delta = rowsum(dO * o), recomputed per block)."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
+    dt = TL_DTYPES[s.dtype]
+    lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
+    keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
+    qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
+    return _bwd_head(s) + [
+        "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
+        "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
+        "rn = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"kb = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+        f"vb = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+        f"dk = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"dv = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"for g in range(0, {h // hk}):",
+        f"    h = hk * {h // hk} + g",
+        f"    for start_m in range({lo}, M, BLOCK_N):",
+        "        rm = start_m + tl.arange(0, BLOCK_N)",
+        "        row = (rm[:, None] < M) & (rd[None, :] < D)",
+        f"        qb = tl.load(in_ptr0 + ({qi}), mask=row, other=0.0)",
+        f"        ob = tl.load(in_ptr3 + ({oi}), mask=row, other=0.0).to(tl.float32)",
+        f"        dob = tl.load(in_ptr4 + ({doi}), mask=row, other=0.0)",
+        f"        lse = tl.load(in_ptr5 + ((b * {h} + h) * M + rm), mask=rm < M, other=0.0)",
+        "        delta = tl.sum(dob.to(tl.float32) * ob, 1)",
+        f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32) * {s.scale!r}",
+        f"        pT = tl.where({keep}, tl.exp(sT - lse[None, :]), 0.0)",
+        f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
+        f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
+        "        dsT = pT * (dpT - delta[None, :])",
+        f"        dk += tl.dot(dsT.to({dt}), qb{prec}, out_dtype=tl.float32)",
+        "out = (rn[:, None] < N) & (rd[None, :] < D)",
+        f"tl.store(out_ptr0 + (bh * N * D + rn[:, None] * D + rd[None, :]), (dk * {s.scale!r}).to({dt}), out)",
+        f"tl.store(out_ptr1 + (bh * N * D + rn[:, None] * D + rd[None, :]), dv.to({dt}), out)"]
+
+
+def _dq_body(bs: BackwardSpec) -> list:
+    """One program per BLOCK_M queries: dQ = Σ_blocks dS K, dS = P (dP - delta), P recomputed."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
+    dt = TL_DTYPES[s.dtype]
+    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
+    keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
+    row = "(rm[:, None] < M) & (rd[None, :] < D)"
+    return _bwd_head(s) + [
+        "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
+        f"hk = h // {h // hk}",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"qb = tl.load(in_ptr0 + ({s.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        f"ob = tl.load(in_ptr3 + ({bs.o.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        f"dob = tl.load(in_ptr4 + ({bs.do.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        "lse = tl.load(in_ptr5 + (bh * M + rm), mask=rm < M, other=0.0)",
+        "delta = tl.sum(dob.to(tl.float32) * ob.to(tl.float32), 1)",
+        f"dq = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"for start_n in range(0, {hi}, BLOCK_N):",
+        "    rn = start_n + tl.arange(0, BLOCK_N)",
+        "    col = (rn[None, :] < N) & (rd[:, None] < D)",
+        f"    kT = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
+        f"    vT = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
+        f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32) * {s.scale!r}",
+        f"    p = tl.where({keep}, tl.exp(sc - lse[:, None]), 0.0)",
+        f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
+        "    ds = p * (dp - delta[:, None])",
+        f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
+        f"tl.store(out_ptr0 + (bh * M * D + rm[:, None] * D + rd[None, :]), (dq * {s.scale!r}).to({dt}), {row})"]
+
+
+def backward_templates(bs: BackwardSpec) -> list:
+    """[(name, source, numels)] of the two backward kernels: dK and dV over key blocks, then dQ
+    over query blocks. Both take q, k, v, o, dO, LSE; dK, dV (and dQ) come out contiguous."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    ptr = PTR_TYPES[s.dtype]
+    ins = {f"in_ptr{i}": ptr for i in range(5)} | {"in_ptr5": "*fp32"}
+    out = []
+    for kind, body, outs, numels in (("dkdv", _dkdv_body(bs), 2, [b * hk, n, m, d, 0, 0]),
+                                     ("dq", _dq_body(bs), 1, [b * h, m, n, d, 0, 0])):
+        name = f"triton_tem_fused_attention_bwd_{kind}"
+        sig = ins | {f"out_ptr{i}": ptr for i in range(outs)} | {
+            k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
+        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+        src = (f"# {name}: the attention backward (§9.10), P = exp(S - LSE) recomputed per block\n"
+               f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
+               f"@triton.jit\n"
+               f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
+               + "\n".join("    " + line for line in body) + "\n")
+        out.append((name, src, numels))
+    return out
+
+
 # ---- §9.6 Launch configurations and the grid ----
 
 

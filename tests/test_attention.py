@@ -24,15 +24,21 @@ def record_direct_launches():
     """Kernels omni_attention and attention_forward launch directly (not through
     codegen_triton.generate) are recorded too, for test_zz_sm90.py to build."""
     import stax.attention as att
-    plain = att.attention_template
+    plain, plain_bwd = att.attention_template, att.backward_templates
 
     def template(index, spec):
         name, src = plain(index, spec)
         conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
         return name, src
-    att.attention_template = template
+
+    def backward(bs):
+        kernels = plain_bwd(bs)
+        for name, src, _ in kernels:
+            conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
+        return kernels
+    att.attention_template, att.backward_templates = template, backward
     yield
-    att.attention_template = plain
+    att.attention_template, att.backward_templates = plain, plain_bwd
 
 
 def ref_attention(q, k, v, mask=None, causal=False, scale=None):
@@ -416,3 +422,44 @@ def test_unmatched_attention_runs_the_ordinary_kernels(rng, variant):
     outs, refs = (out if isinstance(out, tuple) else (out,)), fn(q, k, v, bias)
     for o, r in zip(outs, refs if isinstance(refs, tuple) else (refs,)):
         assert_close(o.cpu(), host(r), stax.float32)
+
+
+# ---- the backward: P recomputed from the LSE ----
+
+
+def ref_grads(q, k, v, do, causal):
+    """dQ, dK, dV of softmax(q kᵀ/√d) v by the chain rule in float64 (grouped heads summed)."""
+    h, hk = q.shape[1], k.shape[1]
+    kk, vv = (np.repeat(x, h // hk, axis=1) for x in (k, v))
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(kk, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = do @ np.swapaxes(vv, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    fold = lambda x: x.reshape(x.shape[0], hk, h // hk, *x.shape[2:]).sum(2)   # noqa: E731
+    return ds @ kk * scale, fold(np.swapaxes(ds, -1, -2) @ q * scale), fold(np.swapaxes(p, -1, -2) @ do)
+
+
+@pytest.mark.parametrize("dtype,b,h,hk,m,n,d,causal", [
+    (stax.float32, 1, 2, 2, 37, 45, 16, False),
+    (stax.float32, 2, 4, 2, 70, 70, 16, True),
+    (stax.float32, 1, 1, 1, 1, 1, 64, False),
+    (stax.bfloat16, 1, 2, 1, 33, 50, 64, True),
+])
+def test_backward_kernels_match_float64(rng, dtype, b, h, hk, m, n, d, causal):
+    q, do = randn(rng, (b, h, m, d), dtype), randn(rng, (b, h, m, d), dtype)
+    k, v = randn(rng, (b, hk, n, d), dtype), randn(rng, (b, hk, n, d), dtype)
+    refs = ref_grads(host(q), host(k), host(v), host(do), causal)
+    for dev in ("cuda", "cpu"):
+        args = [t.to(dev) for t in (q, k, v)]
+        out, lse = stax.attention_forward(*args, is_causal=causal, enable_gqa=True)
+        grads = stax.attention_backward(do.to(dev), *args, out, lse, is_causal=causal, enable_gqa=True)
+        for g, r in zip(grads, refs):
+            assert g.device == dev and g.dtype is dtype and tuple(g.shape) == r.shape
+            if dtype is stax.float32:
+                assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
+            else:
+                assert_close(g.cpu().float(), r, stax.float32, rtol=5e-2, atol=5e-2)
