@@ -32,12 +32,13 @@ import numpy as np
 
 from . import tensor_ops as _ops
 from .attention_kernels import (BackwardSpec, ModBody, as_operand, attention_scores, attention_template,
-                                backward_templates, finish_triple, launch_numels, make_spec,
+                                DECODE_MAX_QUERIES, backward_templates, decode_splits, decode_templates,
+                                finish_triple, launch_numels, make_spec,
                                 sdpa_lse_numpy, triple_of, _expand_heads)
 from .dtypes import bool_, float32, float64, int32
 from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
 
-BACKENDS = ("TRITON", "CPP")
+BACKENDS = ("TRITON", "TRITON_DECODE", "CPP")
 
 
 # ---- §9.10 scaled_dot_product_attention ----
@@ -115,12 +116,39 @@ def _launch(spec, args: list):
     kernel.run(*args, *launch_numels(spec))
 
 
-def _gpu_forward(q, k, v, spec, extra: list):
-    b, h, _, m, _, _ = spec.dims
+def _run_kernels(kernels: list, args: list):
+    """Launch [(name, source, numels)] in order, each on its own argument list."""
+    from .triton_heuristics import kernel_from_source
+    for (name, src, numels), a in zip(kernels, args):
+        kernel = _KERNELS.get(src)
+        if kernel is None:
+            kernel = _KERNELS[src] = kernel_from_source(name, src)
+        kernel.run(*a, *numels)
+
+
+def _decode(q, k, v, spec, extra: list, out, lse):
+    """§9.10 decode: the keys split so that B·H·splits programs fill the GPU; each split's triple
+    goes to float32 scratch, a second kernel merges them (the triple is associative)."""
+    from .triton_kernel import current_target
+    b, h, _, m, n, d = spec.dims
+    if m > DECODE_MAX_QUERIES or spec.sparse:
+        raise ValueError(f"BACKEND='TRITON_DECODE' is for at most {DECODE_MAX_QUERIES} queries and no "
+                         f"block mask (got {m} queries{', a block mask' if spec.sparse else ''}); use 'TRITON'")
+    splits, chunk = decode_splits(n, -(-4 * current_target().sm_count // (b * h)))
+    rows, dp = max(16, 1 << (m - 1).bit_length()), max(16, 1 << (d - 1).bit_length())
+    ml = [empty(b * h * splits * rows, dtype=float32, device=q.device) for _ in range(2)]
+    acc = empty(b * h * splits * rows * dp, dtype=float32, device=q.device)
+    _run_kernels(decode_templates(spec, splits, chunk), [[q, k, v] + extra + ml + [acc], ml + [acc, out, lse]])
+
+
+def _gpu_forward(q, k, v, spec, extra: list, backend="TRITON"):
     out = empty(*q.shape, dtype=q.dtype, device=q.device)
     lse = empty(*q.shape[:-1], dtype=float32, device=q.device)
     spec.out = _operand(out)
-    _launch(spec, [q, k, v] + extra + [out, lse])
+    if backend == "TRITON_DECODE":
+        _decode(q, k, v, spec, extra, out, lse)
+    else:
+        _launch(spec, [q, k, v] + extra + [out, lse])
     return out, lse
 
 
@@ -132,8 +160,8 @@ def _backend(kernel_options, device) -> str:
         raise NotImplementedError("BACKEND='CPP': Stax has no C++ attention template yet; leave BACKEND "
                                   "unset on CPU tensors (the eager float64 path) or use 'TRITON' on "
                                   "cuda tensors")
-    if backend == "TRITON" and device == "cpu":
-        raise RuntimeError("BACKEND='TRITON' needs cuda tensors; move q, k, v with .to('cuda')")
+    if backend.startswith("TRITON") and device == "cpu":
+        raise RuntimeError(f"BACKEND={backend!r} needs cuda tensors; move q, k, v with .to('cuda')")
     return backend
 
 
@@ -144,7 +172,8 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
     _check_qkv(q, k, v, enable_gqa)
     if current_tracer() is not None:
         current_tracer().graph_break("attention_forward launches its own kernel")
-    if _backend(kernel_options, q.device) == "TRITON":
+    backend = _backend(kernel_options, q.device)
+    if backend != "EAGER":
         mask_dtype = attn_mask.dtype.name if attn_mask is not None else ""
         spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale,
                          is_causal, _operand(attn_mask) if attn_mask is not None else None, mask_dtype)
@@ -152,7 +181,7 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
             raise RuntimeError(f"the flash template does not cover q {tuple(q.shape)}, k {tuple(k.shape)}, "
                                f"{q.dtype.name} (rank ≤ 4, head dim ≤ 256, ≤ 65535 batch·heads); "
                                "run on the CPU instead")
-        return _gpu_forward(q, k, v, spec, [attn_mask] if attn_mask is not None else [])
+        return _gpu_forward(q, k, v, spec, [attn_mask] if attn_mask is not None else [], backend)
     with np.errstate(all="ignore"):
         o, lse = sdpa_lse_numpy(_host(q), _host(k), _host(v), _host(attn_mask), is_causal, scale)
     return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
@@ -349,7 +378,8 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
     if current_tracer() is not None:      # the template is itself the compiled kernel
         current_tracer().graph_break("omni_attention launches its own template kernel")
-    if _backend(kernel_options, query.device) == "TRITON":
+    backend = _backend(kernel_options, query.device)
+    if backend != "EAGER":
         spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query),
                          query.dtype.name, scale)
         if spec is None:
@@ -358,7 +388,7 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if score_mod is not None:
             spec.score_mod = trace_mod(score_mod, True)
         extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
-        out, lse = _gpu_forward(query, key, value, spec, extra)
+        out, lse = _gpu_forward(query, key, value, spec, extra, backend)
     else:
         out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)
     return (out, lse) if return_lse else out
@@ -396,7 +426,10 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     if tuple(grad_out.shape) != tuple(out.shape) or tuple(lse.shape) != tuple(query.shape[:-1]):
         raise RuntimeError(f"attention_backward: grad_out {tuple(grad_out.shape)} must match out "
                            f"{tuple(out.shape)} and lse {tuple(lse.shape)} must be {tuple(query.shape[:-1])}")
-    if _backend(kernel_options, query.device) != "TRITON":
+    backend = _backend(kernel_options, query.device)
+    if backend == "TRITON_DECODE":
+        raise ValueError("attention_backward: BACKEND='TRITON_DECODE' has no backward; use 'TRITON'")
+    if backend == "EAGER":
         grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
                                 is_causal, scale)
         return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
@@ -409,10 +442,5 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     dq = empty(*query.shape, dtype=query.dtype, device=query.device)
     dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))
     ins = [query, key, value, out, grad_out, lse]
-    for (name, src, numels), outs in zip(backward_templates(bs), ([dk, dv], [dq])):
-        kernel = _KERNELS.get(src)
-        if kernel is None:
-            from .triton_heuristics import kernel_from_source
-            kernel = _KERNELS[src] = kernel_from_source(name, src)
-        kernel.run(*ins, *outs, *numels)
+    _run_kernels(backward_templates(bs), [ins + [dk, dv], ins + [dq]])
     return dq, dk, dv

@@ -373,6 +373,90 @@ def extern_spec(e, lowered) -> tuple:
     return spec, names
 
 
+# ---- §9.10 The decode template: very short queries, the keys split (the triple's merge) ----
+
+DECODE_MAX_QUERIES = 64
+DECODE_CHUNK_ALIGN = 128        # a split's keys are a multiple of every BLOCK_N candidate
+
+
+def decode_splits(n: int, programs_wanted: int) -> tuple:
+    """(splits, keys per split): enough splits that B·H·splits programs fill the GPU, each split
+    at least DECODE_CHUNK_ALIGN keys."""
+    chunk = max(DECODE_CHUNK_ALIGN, -(-n // max(1, programs_wanted)))
+    chunk = -(-chunk // DECODE_CHUNK_ALIGN) * DECODE_CHUNK_ALIGN
+    return -(-n // chunk), chunk
+
+
+def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
+    b, h, hk, m, n, d = spec.dims
+    rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
+    lines = [f"M = {m}", f"N = {n}", f"D = {d}", "split = tl.program_id(0)", "bh = tl.program_id(1)",
+             f"b = bh // {h}", f"h = bh % {h}", f"hk = h // {h // hk}" if h != hk else "hk = h",
+             f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             f"m_i = tl.full([{rows}], float(\"-inf\"), tl.float32)",
+             f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
+             f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
+             f"# this program's split of the keys: its own triple, merged by the second kernel",
+             f"for start_n in range(split * {chunk}, tl.minimum(N, (split + 1) * {chunk}), BLOCK_N):"]
+    lines += ["    " + x for x in _kv_step(spec, True)]
+    lines += [f"base = (bh * {splits} + split) * {rows}",
+              "tl.store(out_ptr0 + (base + rm), m_i)", "tl.store(out_ptr1 + (base + rm), l_i)",
+              f"tl.store(out_ptr2 + ((base + rm[:, None]) * {dp} + rd[None, :]), acc)"]
+    return lines
+
+
+def _decode_merge_body(spec: AttentionSpec, splits: int) -> list:
+    b, h, hk, m, n, d = spec.dims
+    rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
+    return [f"M = {m}", f"D = {d}", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
+            f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
+            f"mu = tl.full([{rows}], float(\"-inf\"), tl.float32)",
+            f"for s in range(0, {splits}):",
+            f"    mu = tl.maximum(mu, tl.load(in_ptr0 + ((bh * {splits} + s) * {rows} + rm)))",
+            "mu_use = tl.where(mu == float(\"-inf\"), 0.0, mu)",
+            f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
+            f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
+            "# merge the splits' triples: each rescaled by 2^(m_s - mu)",
+            f"for s in range(0, {splits}):",
+            f"    base = (bh * {splits} + s) * {rows}",
+            "    w = tl.math.exp2(tl.load(in_ptr0 + (base + rm)) - mu_use)",
+            "    l_i += tl.load(in_ptr1 + (base + rm)) * w",
+            f"    acc += tl.load(in_ptr2 + ((base + rm[:, None]) * {dp} + rd[None, :])) * w[:, None]",
+            "o = acc / l_i[:, None]",
+            f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+            f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
+            f"tl.store(out_ptr1 + (bh * M + rm), (mu + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
+
+
+def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
+    """[(name, source, numels)]: the split kernel (q, k, v [, mask] -> the splits' m, l, acc in
+    float32 scratch) and the merge kernel (scratch -> out, lse)."""
+    b, h, _, m, _, d = spec.dims
+    ptr = PTR_TYPES[spec.dtype]
+    numel_sig = {k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
+    split_sig = {"in_ptr0": ptr, "in_ptr1": ptr, "in_ptr2": ptr}
+    if spec.mask is not None:
+        split_sig["in_ptr3"] = PTR_TYPES[spec.mask_dtype]
+    split_sig.update({"out_ptr0": "*fp32", "out_ptr1": "*fp32", "out_ptr2": "*fp32"})
+    merge_sig = {"in_ptr0": "*fp32", "in_ptr1": "*fp32", "in_ptr2": "*fp32", "out_ptr0": ptr, "out_ptr1": "*fp32"}
+    out = []
+    for kind, body, sig, numels in (
+            ("split", _decode_split_body(spec, splits, chunk), split_sig, [b * h, splits, chunk, d, 0, 0]),
+            ("merge", _decode_merge_body(spec, splits), merge_sig, [b * h, 1, splits, d, 0, 0])):
+        name = f"triton_tem_fused_attention_decode_{kind}"
+        sig = sig | numel_sig
+        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+        src = (f"# {name}: decode attention (§9.10), the keys split in {splits}, triples merged\n"
+               f"@triton_heuristics.attention_decode(size_hints={hints!r}, signature={sig!r})\n"
+               f"@triton.jit\n"
+               f"def {name}({', '.join(list(sig) + ['BLOCK_N : tl.constexpr'])}):\n"
+               + "\n".join("    " + line for line in body) + "\n")
+        out.append((name, src, numels))
+    return out
+
+
 # ---- §9.10 The backward: P recomputed from the LSE, no N x N buffer ----
 
 
@@ -489,10 +573,19 @@ def backward_templates(bs: BackwardSpec) -> list:
 # ---- §9.6 Launch configurations and the grid ----
 
 
-def attention_configs(numels: dict) -> list:
+def decode_configs() -> list:
+    """The split-KV decode kernels: every query row in one block (a literal of the text), so only
+    the key block is chosen; no BLOCK_M, so the grid is one program per split."""
+    return [{"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (32, 4, 3))]
+
+
+def attention_configs(numels: dict, kind: str = "attention") -> list:
     """Candidates (BLOCK_M, BLOCK_N, warps, stages), clamped to the sizes, BLOCK_M/BLOCK_N at most
     the block mask's blocks; the first is the default. Head dim 128 keeps BLOCK_N at 64 or less
     (the K and V tiles and the accumulator share the registers)."""
+    if kind == "attention_decode":
+        return decode_configs()
     m, n, d = (int(numels.get(f"{p}numel", 1)) for p in "mnd")
     sq, skv = int(numels.get("sqnumel", 0)), int(numels.get("skvnumel", 0))
     cap_m, cap_n = max(16, _next_pow2(m)), max(16, _next_pow2(n))
@@ -515,6 +608,8 @@ def attention_configs(numels: dict) -> list:
 def attention_tuning_space(start: dict, numels: dict) -> dict:
     """Definition 9.2's Π for mode="max-autotune"; block sizes never pass the block mask's."""
     sq, skv = int(numels.get("sqnumel", 0)) or 128, int(numels.get("skvnumel", 0)) or 128
+    if "BLOCK_M" not in start:               # the decode kernels: the key block only
+        return {"BLOCK_N": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
     space = {"BLOCK_M": [b for b in (16, 32, 64, 128) if b <= sq],
              "BLOCK_N": [b for b in (16, 32, 64, 128) if b <= skv],
              "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
@@ -526,4 +621,4 @@ def attention_tuning_space(start: dict, numels: dict) -> dict:
 
 def attention_grid(numels: dict, cfg: dict) -> tuple:
     """One program per BLOCK_M query rows along program_id(0), one per (batch, head) along (1)."""
-    return (-(-int(numels["mnumel"]) // cfg["BLOCK_M"]), int(numels["bnumel"]), 1)
+    return (-(-int(numels["mnumel"]) // cfg.get("BLOCK_M", 1)), int(numels["bnumel"]), 1)

@@ -24,21 +24,24 @@ def record_direct_launches():
     """Kernels omni_attention and attention_forward launch directly (not through
     codegen_triton.generate) are recorded too, for test_zz_sm90.py to build."""
     import stax.attention as att
-    plain, plain_bwd = att.attention_template, att.backward_templates
+    plain, plain_bwd, plain_dec = att.attention_template, att.backward_templates, att.decode_templates
 
     def template(index, spec):
         name, src = plain(index, spec)
         conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
         return name, src
 
-    def backward(bs):
-        kernels = plain_bwd(bs)
-        for name, src, _ in kernels:
-            conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
+    def recorded(make):
+        def kernels(*args):
+            made = make(*args)
+            for name, src, _ in made:
+                conftest.GENERATED_TRITON_KERNELS.setdefault(src, name)
+            return made
         return kernels
-    att.attention_template, att.backward_templates = template, backward
+    att.attention_template, att.backward_templates = template, recorded(plain_bwd)
+    att.decode_templates = recorded(plain_dec)
     yield
-    att.attention_template, att.backward_templates = plain, plain_bwd
+    att.attention_template, att.backward_templates, att.decode_templates = plain, plain_bwd, plain_dec
 
 
 def ref_attention(q, k, v, mask=None, causal=False, scale=None):
@@ -463,3 +466,31 @@ def test_backward_kernels_match_float64(rng, dtype, b, h, hk, m, n, d, causal):
                 assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
             else:
                 assert_close(g.cpu().float(), r, stax.float32, rtol=5e-2, atol=5e-2)
+
+
+# ---- the decode template: the keys split, the splits' triples merged ----
+
+
+@pytest.mark.parametrize("b,h,hk,m,n,d", [(1, 4, 2, 1, 1000, 16), (2, 2, 2, 3, 300, 64), (1, 1, 1, 1, 1, 16)])
+def test_decode_backend_splits_the_keys(rng, b, h, hk, m, n, d):
+    from stax.attention_kernels import decode_splits
+    assert decode_splits(1000, 132) == (8, 128) and decode_splits(32768, 17) == (16, 2048)
+    q = randn(rng, (b, h, m, d))
+    k, v = randn(rng, (b, hk, n, d)), randn(rng, (b, hk, n, d))
+    out, lse = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), score_mod=alibi, enable_gqa=True,
+                                   return_lse=True, kernel_options={"BACKEND": "TRITON_DECODE"})
+    ref = ref_omni(q, k, v, REF_ALIBI)
+    assert_close(out.cpu(), ref, stax.float32)
+    _, lse_ref = stax.omni_attention(q, k, v, score_mod=alibi, enable_gqa=True, return_lse=True)
+    assert_close(lse.cpu(), host(lse_ref), stax.float32)
+
+
+def test_decode_backend_errors(rng):
+    q = randn(rng, (1, 1, 100, 16)).to("cuda")
+    with pytest.raises(ValueError, match="at most 64 queries"):
+        stax.omni_attention(q, q, q, kernel_options={"BACKEND": "TRITON_DECODE"})
+    with pytest.raises(RuntimeError, match="needs cuda tensors"):
+        stax.omni_attention(q.cpu(), q.cpu(), q.cpu(), kernel_options={"BACKEND": "TRITON_DECODE"})
+    out, lse = stax.attention_forward(q, q, q)
+    with pytest.raises(ValueError, match="no backward"):
+        stax.attention_backward(q, q, q, q, out, lse, kernel_options={"BACKEND": "TRITON_DECODE"})
