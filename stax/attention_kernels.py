@@ -224,9 +224,17 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
 
 
 def _dense_loop(spec: AttentionSpec) -> list:
-    """Every K/V block (causal: up to the diagonal block of this program's rows)."""
-    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if spec.is_causal else "N"
-    return [f"for start_n in range(0, {hi}, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, True)]
+    """Every K/V block. Causal: the blocks left of the diagonal need no causal mask (each key
+    precedes every query of the program), then the diagonal blocks take it; none past them."""
+    if not spec.is_causal or spec.mask is not None:
+        hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if spec.is_causal else "N"
+        return [f"for start_n in range(0, {hi}, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, True)]
+    return (["# the blocks left of the diagonal: no causal mask",
+             "diagonal = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N",
+             "for start_n in range(0, diagonal, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, False)]
+            + ["# the diagonal blocks: the causal mask",
+               "for start_n in range(diagonal, tl.minimum(N, (pid_m + 1) * BLOCK_M), BLOCK_N):"]
+            + ["    " + x for x in _kv_step(spec, True)])
 
 
 def _sparse_loops(spec: AttentionSpec) -> list:
