@@ -207,6 +207,7 @@ def fuse_attention(graph):
             m.used += _ancestors(m.mask)          # no M x N mask in memory: the template's causal loop
         mask = [] if m.mask is None or causal else [m.mask]
         mm2.op, mm2.params = "sdpa", {"is_causal": causal, "scale": float(m.scale)}
+        mm2.name = f"sdpa_{mm2.name}"             # the kernel's comment names what it computes
         mm2.inputs = [m.q, key, m.v] + mask
         _remove_dead(graph, m.used)
     return graph

@@ -494,3 +494,17 @@ def test_decode_backend_errors(rng):
     out, lse = stax.attention_forward(q, q, q)
     with pytest.raises(ValueError, match="no backward"):
         stax.attention_backward(q, q, q, q, out, lse, kernel_options={"BACKEND": "TRITON_DECODE"})
+
+
+def test_golden_attention_rewrite(request):
+    """tests/golden/attention.py: hand-written causal attention (bf16, 2×4×256×64) as the one
+    template kernel and its wrapper; `--regen-goldens` rewrites it (tests/golden/README.md)."""
+    from pathlib import Path
+    path = Path(__file__).parent / "golden" / "attention.py"
+    q, k, v = (stax.randn(2, 4, 256, 64).to(stax.bfloat16) for _ in range(3))
+    gen = stax.generate(REWRITTEN["causal_from_arange"][0], q, k, v, device="cuda")
+    text = "\n".join(gen.kernels.values()) + "\n\n" + gen.wrapper
+    if request.config.getoption("--regen-goldens"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run pytest tests/test_attention.py --regen-goldens"
+    assert text == path.read_text(), f"generated code for the attention rewrite differs from {path}"
