@@ -16,12 +16,17 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
   their `inner_fn` with the Triton printer between the QKᵀ dot and the online update. On "cuda"
   tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
   `stax.compile` it is a graph break: the template is itself the compiled kernel.
+- `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
+  there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged),
+  "CPP" (the C++ template, CPU tensors; the mods printed by the C++ printer). Unset on the CPU:
+  float64 numpy. A backend that cannot run the inputs is an error, never a silent fallback.
 
 Where to look:
   - `scaled_dot_product_attention`, `attention_forward` ..... the sdpa op, and (out, LSE)
   - `create_block_mask`, `BlockMask` ......................... Figure 9.3's full/partial/empty blocks
   - `trace_mod` ............................................... score_mod/mask_mod → printed lines
   - `omni_attention` .......................................... Listing 9.7
+  - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ import numpy as np
 
 from . import tensor_ops as _ops
 from .attention_kernels import (BackwardSpec, ModBody, as_operand, attention_scores, attention_template,
-                                DECODE_MAX_QUERIES, backward_templates, decode_splits, decode_templates,
+                                DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
+                                decode_templates,
                                 finish_triple, launch_numels, make_spec,
                                 sdpa_lse_numpy, triple_of, _expand_heads)
 from .dtypes import bool_, float32, float64, int32
@@ -156,10 +162,8 @@ def _backend(kernel_options, device) -> str:
     backend = (kernel_options or {}).get("BACKEND", "TRITON" if device != "cpu" else "EAGER")
     if backend not in BACKENDS + ("EAGER",):
         raise ValueError(f"kernel_options BACKEND={backend!r}: choose one of {BACKENDS}")
-    if backend == "CPP":
-        raise NotImplementedError("BACKEND='CPP': Stax has no C++ attention template yet; leave BACKEND "
-                                  "unset on CPU tensors (the eager float64 path) or use 'TRITON' on "
-                                  "cuda tensors")
+    if backend == "CPP" and device != "cpu":
+        raise RuntimeError("BACKEND='CPP' runs on CPU tensors; move q, k, v with .cpu() or use 'TRITON'")
     if backend.startswith("TRITON") and device == "cpu":
         raise RuntimeError(f"BACKEND={backend!r} needs cuda tensors; move q, k, v with .to('cuda')")
     return backend
@@ -181,6 +185,11 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
             raise RuntimeError(f"the flash template does not cover q {tuple(q.shape)}, k {tuple(k.shape)}, "
                                f"{q.dtype.name} (rank ≤ 4, head dim ≤ 256, ≤ 65535 batch·heads); "
                                "run on the CPU instead")
+        if backend == "CPP":
+            if attn_mask is not None or q.ndim != 4:
+                raise NotImplementedError("BACKEND='CPP' takes [B, H, L, E] tensors and no attn_mask "
+                                          "(use omni_attention's block mask, or leave BACKEND unset)")
+            return _cpp_forward(q, k, v, spec)
         return _gpu_forward(q, k, v, spec, [attn_mask] if attn_mask is not None else [], backend)
     with np.errstate(all="ignore"):
         o, lse = sdpa_lse_numpy(_host(q), _host(k), _host(v), _host(attn_mask), is_causal, scale)
@@ -297,7 +306,7 @@ def _reads(fn) -> tuple:
     return tuple(v if isinstance(v, (bool, int, float, str)) else ("id", id(v)) for v in cells + names)
 
 
-def trace_mod_uncached(fn, is_score: bool) -> ModBody:
+def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
     print its inner_fn with the Triton printer: the lines the template runs per score block."""
     from .capture import capture
@@ -316,26 +325,53 @@ def trace_mod_uncached(fn, is_score: bool) -> ModBody:
             or not bodies or not isinstance(bodies[0], Pointwise) or bodies[0].ranges:
         raise NotImplementedError(f"{what} must compute one scalar from its arguments with pointwise ops "
                                   "(no reductions, no tensors read from outside its arguments)")
-    printer = TritonPrinter(_ModKernel("score_tmp" if is_score else "mask_tmp",
-                                       {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)}))
+    shim = _ModKernel("score_tmp" if is_score else "mask_tmp",
+                      {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)})
+    if language == "cpp":                 # C++: `auto tmpN = ...;` lines, in a scope of their own
+        from .codegen_cpp import CppPrinter
+        printer = CppPrinter(shim, [0])
+    else:
+        printer = TritonPrinter(shim)
     with set_handler(printer):
         result = bodies[0].inner_fn([])
     return ModBody(printer.lines, str(result))
 
 
-def trace_mod(fn, is_score: bool) -> ModBody:
-    """trace_mod_uncached, remembered per function and the values it reads."""
-    key = (fn, is_score, _reads(fn))
+def trace_mod(fn, is_score: bool, language: str = "triton") -> ModBody:
+    """trace_mod_uncached, remembered per function, language and the values it reads."""
+    key = (fn, is_score, language, _reads(fn))
     if key not in _MODS:
-        _MODS[key] = trace_mod_uncached(fn, is_score)
+        _MODS[key] = trace_mod_uncached(fn, is_score, language)
     return _MODS[key]
 
+
+
+def _cpp_forward(q, k, v, spec, block_mask=None):
+    """BACKEND='CPP': the C++ template on contiguous float32 copies (half types widened first)."""
+    from .cache import load_cpp, prelude
+    from .tensor import _to_storage_form
+    arrays = [np.ascontiguousarray(_host(t), np.float32) for t in (q, k, v)]
+    blocks = [np.zeros(1, np.int32)] * 4
+    shape = ()
+    if block_mask is not None:
+        blocks = [np.ascontiguousarray(t.cpu()._compute(), np.int32) for t in
+                  (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+                   block_mask.full_kv_indices)]
+        shape = blocks[1].shape
+    src, cdef = cpp_template(spec, shape)
+    ffi, lib = load_cpp(prelude() + src, cdef)
+    b, h, _, m, _, d = spec.dims
+    out, lse = np.empty((b, h, m, d), np.float32), np.empty((b, h, m), np.float32)
+    lib.stax_attention_cpu(*[ffi.from_buffer("float[]", a) for a in arrays],
+                           *[ffi.from_buffer("int32_t[]", a) for a in blocks],
+                           ffi.from_buffer("float[]", out), ffi.from_buffer("float[]", lse))
+    return _to_tensor(out, q.dtype, "cpu"), _to_tensor(lse, float32, "cpu")
 
 
 # ---- §9.10 omni_attention (Listing 9.7) ----
 
 
-def _sparse_args(spec, block_mask, q) -> list:
+def _check_block_mask(spec, block_mask):
     b, h, _, m, n, _ = spec.dims
     if (block_mask.Q_LEN, block_mask.KV_LEN) != (m, n):
         raise ValueError(f"omni_attention: the block mask covers {block_mask.Q_LEN} x {block_mask.KV_LEN}, "
@@ -343,6 +379,10 @@ def _sparse_args(spec, block_mask, q) -> list:
     bm, hm = block_mask.kv_num_blocks.shape[:2]
     if bm not in (1, b) or hm not in (1, h):
         raise ValueError(f"omni_attention: the block mask's B={bm}, H={hm} do not broadcast to B={b}, H={h}")
+
+
+def _sparse_args(spec, block_mask, q) -> list:
+    _check_block_mask(spec, block_mask)
     arrays = [t if t.device == q.device else t.to(q.device) for t in
               (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                block_mask.full_kv_indices)]
@@ -352,6 +392,17 @@ def _sparse_args(spec, block_mask, q) -> list:
     spec.sparse = (*block_mask.BLOCK_SIZE, nb, ind)
     spec.mask_mod = trace_mod(block_mask.mask_mod, False)
     return arrays
+
+
+def _cpp_omni(q, k, v, spec, score_mod, block_mask):
+    """BACKEND='CPP' for omni_attention: the mods printed by the C++ printer into the template."""
+    if score_mod is not None:
+        spec.score_mod = trace_mod(score_mod, True, "cpp")
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        spec.sparse = (*block_mask.BLOCK_SIZE, None, None)
+        spec.mask_mod = trace_mod(block_mask.mask_mod, False, "cpp")
+    return _cpp_forward(q, k, v, spec, block_mask)
 
 
 def _eager_omni(q, k, v, score_mod, block_mask, scale):
@@ -385,10 +436,13 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if spec is None:
             raise RuntimeError(f"the omni_attention template does not cover q {tuple(query.shape)}, "
                                f"k {tuple(key.shape)}, {query.dtype.name}; run on the CPU instead")
-        if score_mod is not None:
-            spec.score_mod = trace_mod(score_mod, True)
-        extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
-        out, lse = _gpu_forward(query, key, value, spec, extra, backend)
+        if backend == "CPP":
+            out, lse = _cpp_omni(query, key, value, spec, score_mod, block_mask)
+        else:
+            if score_mod is not None:
+                spec.score_mod = trace_mod(score_mod, True)
+            extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
+            out, lse = _gpu_forward(query, key, value, spec, extra, backend)
     else:
         out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)
     return (out, lse) if return_lse else out

@@ -21,6 +21,9 @@ Where to look:
   - `sdpa_numpy` ........................................ the eager op (float64 inside)
   - `AttentionSpec` ..................................... what one template kernel computes
   - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
+  - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
+  - `cpp_template` ...................................... BACKEND="CPP": the C++ template for the CPU
+  - `backward_templates` ................................ dK/dV and dQ, P = exp(S - LSE) recomputed
   - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
   - `attention_template` ................................ the entry: (name, source)
 """
@@ -463,6 +466,108 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
                + "\n".join("    " + line for line in body) + "\n")
         out.append((name, src, numels))
     return out
+
+
+# ---- §9.10 The C++ template (BACKEND="CPP"): the same triple, one query row per iteration ----
+
+_CPP_ROW = """
+extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
+                       const int32_t* ind, const int32_t* fnb, const int32_t* find, float* out, float* lse) {{
+    // {what}: each (batch, head, query row) keeps its triple (m, l, acc) while it scans the keys
+    // in blocks of {kblock}: scores of one block, its max, one rescale, then the block's P v
+    #pragma omp parallel for collapse(2) schedule(dynamic, 16)
+    for (int64_t bh = 0; bh < {bh}; ++bh) {{
+        for (int64_t i = 0; i < {m}; ++i) {{
+            const int64_t b = bh / {h}, h = bh % {h}, hk = h / {groups};
+            const float* qi = q + (bh * {m} + i) * {d};
+            const float* kh = k + (b * {hk} + hk) * {n} * {d};
+            const float* vh = v + (b * {hk} + hk) * {n} * {d};
+            float m_i = -INFINITY, l_i = 0.0f, acc[{d}] = {{0}}, sc[{kblock}];
+            auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
+                for (int64_t j0 = lo; j0 < hi; j0 += {kblock}) {{
+                    const int64_t j1 = std::min<int64_t>(hi, j0 + {kblock});
+                    float bmax = -INFINITY;
+                    for (int64_t j = j0; j < j1; ++j) {{
+                        const float* kj = kh + j * {d};
+                        const int64_t q_idx = i, kv_idx = j;
+                        (void)q_idx, (void)kv_idx;
+                        float s = 0.0f;
+                        for (int64_t c = 0; c < {d}; ++c) s += qi[c] * kj[c];
+                        s *= {scale}f;
+{score_mod}
+{mask}
+                        sc[j - j0] = s;
+                        bmax = s > bmax ? s : bmax;
+                    }}
+                    if (bmax == -INFINITY) continue;
+                    const float m_new = m_i > bmax ? m_i : bmax;
+                    const float alpha = std::exp(m_i - m_new);
+                    l_i *= alpha;
+                    for (int64_t c = 0; c < {d}; ++c) acc[c] *= alpha;
+                    for (int64_t j = j0; j < j1; ++j) {{
+                        const float p = std::exp(sc[j - j0] - m_new);
+                        const float* vj = vh + j * {d};
+                        l_i += p;
+                        for (int64_t c = 0; c < {d}; ++c) acc[c] += p * vj[c];
+                    }}
+                    m_i = m_new;
+                }}
+            }};
+{loops}
+            float* oi = out + (bh * {m} + i) * {d};
+            for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[c] / l_i;
+            lse[bh * {m} + i] = m_i + std::log(l_i);
+        }}
+    }}
+}}
+"""
+
+
+def _cpp_block(body, target: str, indent: str) -> str:
+    """A mod's printed C++ lines in a scope of their own, its result assigned to `target`."""
+    if body is None:
+        return ""
+    lines = [f"{indent}{{", *(f"{indent}    {x}" for x in body.lines),
+             f"{indent}    {target} = {body.result};", f"{indent}}}"]
+    return "\n".join(lines)
+
+
+def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
+    """(C++ text, cffi declaration) of the CPU template for `spec` on contiguous float32 q, k, v.
+    The mods are ModBody lines printed by the C++ printer; `block_shape` is (Bm, Hm, QB, KB) of a
+    block mask (its arrays contiguous int32), empty for none."""
+    b, h, hk, m, n, d = spec.dims
+    name = "stax_attention_cpu"
+    ind = "    " * 6
+    mask = ""
+    if spec.is_causal:
+        mask += f"{ind}if (j > i) s = -INFINITY;\n"
+    if spec.mask_mod is not None:
+        mask += f"{ind}if (partial) {{\n{ind}    bool keep = true;\n{_cpp_block(spec.mask_mod, 'keep', ind + '    ')}\n" \
+                f"{ind}    if (!keep) s = -INFINITY;\n{ind}}}\n"
+    score = ""
+    if spec.score_mod is not None:
+        score = f"{ind}{{\n{ind}    const float score = s;\n" \
+                f"{_cpp_block(spec.score_mod, 's', ind + '    ')}\n{ind}}}"
+    pre = "            "
+    if block_shape:
+        bm, hm, qb, kb = block_shape
+        bq, bkv = spec.sparse[:2]
+        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i / {bq})"
+        loops = "\n".join(
+            f"{pre}for (int32_t t = 0; t < {cnt}[{row}]; ++t) {{\n"
+            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + t] * {bkv};\n"
+            f"{pre}    visit(j0, std::min<int64_t>({n}, j0 + {bkv}), {part});\n{pre}}}"
+            for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")))
+    else:
+        hi = f"std::min<int64_t>({n}, i + 1)" if spec.is_causal else str(n)
+        loops = f"{pre}visit(0, {hi}, true);"
+    text = _CPP_ROW.format(name=name, what=", ".join(spec.origins) or "attention", kblock=64, bh=b * h,
+                           m=m, n=n, d=d, h=h, hk=hk, groups=h // hk, scale=repr(float(spec.scale)),
+                           score_mod=score, mask=mask.rstrip("\n"), loops=loops)
+    cdef = (f"void {name}(const float* q, const float* k, const float* v, const int32_t* nb, const int32_t* ind, "
+            "const int32_t* fnb, const int32_t* find, float* out, float* lse);")
+    return "#include <algorithm>\n#include <cmath>\n" + text, cdef
 
 
 # ---- §9.10 The backward: P recomputed from the LSE, no N x N buffer ----

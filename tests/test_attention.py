@@ -213,8 +213,8 @@ def test_sdpa_errors_say_what_to_do(rng):
         stax.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
     with pytest.raises(RuntimeError, match="share a dtype"):
         stax.scaled_dot_product_attention(q, q.half(), q)
-    with pytest.raises(NotImplementedError, match="C\\+\\+ attention template"):
-        stax.attention_forward(q, q, q, kernel_options={"BACKEND": "CPP"})
+    with pytest.raises(RuntimeError, match="runs on CPU tensors"):
+        stax.attention_forward(q.to("cuda"), q.to("cuda"), q.to("cuda"), kernel_options={"BACKEND": "CPP"})
     with pytest.raises(ValueError, match="choose one of"):
         stax.attention_forward(q, q, q, kernel_options={"BACKEND": "CUTE"})
     with pytest.raises(RuntimeError, match="cuda tensors"):
@@ -508,3 +508,28 @@ def test_golden_attention_rewrite(request):
         path.write_text(text)
     assert path.exists(), f"{path} missing: run pytest tests/test_attention.py --regen-goldens"
     assert text == path.read_text(), f"generated code for the attention rewrite differs from {path}"
+
+
+# ---- BACKEND="CPP": the C++ template on the CPU ----
+
+
+def test_cpp_backend_sdpa_and_omni(rng):
+    """One C++ build per case: causal sdpa with its LSE, then omni with ALiBi + a causal block
+    mask, then soft-capping + a per-head sliding window with grouped heads in float16."""
+    q, k, v = (randn(rng, (2, 2, 150, 16)) for _ in range(3))
+    out, lse = stax.attention_forward(q, k, v, is_causal=True, kernel_options={"BACKEND": "CPP"})
+    ref, lse_ref = ref_attention(host(q), host(k), host(v), causal=True)
+    assert_close(out, ref, stax.float32)
+    assert_close(lse, lse_ref, stax.float32)
+    bm = stax.create_block_mask(causal, None, None, 150, 150, BLOCK_SIZE=64)
+    out = stax.omni_attention(q, k, v, score_mod=alibi, block_mask=bm, kernel_options={"BACKEND": "CPP"})
+    assert_close(out, ref_omni(q, k, v, REF_ALIBI, REF_CAUSAL), stax.float32)
+    qh = randn(rng, (1, 2, 70, 16), stax.float16)
+    kh, vh = randn(rng, (1, 1, 70, 16), stax.float16), randn(rng, (1, 1, 70, 16), stax.float16)
+    bm = stax.create_block_mask(sliding_window, None, 2, 70, 70, BLOCK_SIZE=16)
+    out = stax.omni_attention(qh, kh, vh, score_mod=softcap, block_mask=bm, enable_gqa=True,
+                              kernel_options={"BACKEND": "CPP"})
+    assert out.dtype is stax.float16
+    ref = ref_omni(qh, kh, vh, lambda s, b, h, i, j: 20 * np.tanh(s / 20),
+                   lambda b, h, i, j: (i >= j) & (i - j < 40 * (h + 1)))
+    assert_close(out, ref, stax.float16)
