@@ -1,7 +1,8 @@
 """§9.10 The attention pattern: hand-written softmax(q kᵀ · s) v becomes one `sdpa` node.
 
 Layer: a graph pass between capture (§3) and lowering (§6): it reads and rewrites a
-`capture.Graph` and imports only capture.py and tensor.py (Node, Meta). `__init__._compile_graph`
+`capture.Graph` and imports capture.py and tensor.py (Node, Meta), and attention_kernels.py to ask
+whether the template covers a match. `__init__._compile_graph`
 runs it for the GPU, where an `sdpa` node prints as the flash template (codegen_triton.py) and
 the N × N scores never reach memory (Theorem 9.2).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .attention_kernels import as_operand, make_spec
 from .capture import Node
 from .tensor import Meta
 
@@ -167,6 +169,21 @@ def _match(mm2: Node, uses: dict) -> AttentionMatch | None:
     return m
 
 
+def _template_runs(m: AttentionMatch, mm2: Node) -> bool:
+    """Rewrite only what the template computes (static sizes, rank ≤ 4, a float dtype it has, head
+    dim ≤ 256, ...): otherwise the sdpa node would run on the host, slower than the ordinary
+    kernels it replaced."""
+    def operand(meta, swap=False):
+        shape, stride = tuple(meta.shape), tuple(meta.stride)
+        if swap:
+            shape, stride = shape[:-2] + shape[:-3:-1], stride[:-2] + stride[:-3:-1]
+        return as_operand(shape, stride, meta.offset)
+    mask = operand(m.mask.meta) if m.mask is not None else None
+    mask_dtype = m.mask.meta.dtype.name if m.mask is not None else ""
+    return make_spec(operand(m.q.meta), operand(m.k_t.meta, swap=True), operand(m.v.meta),
+                     operand(mm2.meta), mm2.meta.dtype.name, m.scale, False, mask, mask_dtype) is not None
+
+
 def _key_of(graph, m: AttentionMatch, before: Node) -> Node:
     """K [.., N, D]: the permute's input when Kᵀ is K.transpose(-2, -1), else a new permute."""
     kt = m.k_t
@@ -198,7 +215,7 @@ def fuse_attention(graph):
         if mm2 not in graph.nodes:
             continue
         m = _match(mm2, _uses(graph))
-        if m is None or len(m.q.meta.shape) != len(mm2.meta.shape):
+        if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
             continue
         key = _key_of(graph, m, mm2)
         causal = m.mask is not None and m.mask.meta.dtype.name == "bool" and _is_causal(

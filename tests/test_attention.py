@@ -533,3 +533,18 @@ def test_cpp_backend_sdpa_and_omni(rng):
     ref = ref_omni(qh, kh, vh, lambda s, b, h, i, j: 20 * np.tanh(s / 20),
                    lambda b, h, i, j: (i >= j) & (i - j < 40 * (h + 1)))
     assert_close(out, ref, stax.float16)
+
+
+def test_rewrite_only_what_the_template_runs(rng):
+    """Rank 5 and symbolic sizes (dynamic=True): the template would not run them, so the graph
+    keeps its ordinary kernels rather than an sdpa node on the host."""
+    f = lambda q, k, v: stax.softmax(q @ k.transpose(-2, -1) * 0.3, -1) @ v       # noqa: E731
+    q, k, v = randn(rng, (2, 2, 3, 5, 8)), randn(rng, (2, 2, 3, 6, 8)), randn(rng, (2, 2, 3, 6, 8))
+    out, gen = _compile_on_cuda(f, q, k, v)
+    assert "sdpa" not in gen.graph.format() and len(gen.kernels) == 3
+    assert_close(out.cpu(), ref_attention(host(q), host(k), host(v), scale=0.3)[0], stax.float32)
+    q, k, v = _qkv(rng)
+    cf = stax.compile(f, dynamic=True)
+    out = cf(q.to("cuda"), k.to("cuda"), v.to("cuda"))
+    assert "sdpa" not in cf.last_generated.graph.format()
+    assert_close(out.cpu(), ref_attention(host(q), host(k), host(v), scale=0.3)[0], stax.float32)
