@@ -314,6 +314,41 @@ def _attention_row(name, shape, causal, ms, kernels, torch_ms=None, flex_ms=None
     return row
 
 
+def _backward_rows() -> list:
+    """attention_backward (two kernels) against FlexAttention's backward (torch.compile'd, the
+    forward's time subtracted), bf16, causal and not; FLOPs counted as 2.5x the forward's."""
+    rows = []
+    for b, h, n, d in ATTENTION_SHAPES:
+        q, k, v, do = (stax.randn(b, h, n, d, device="cuda").to(stax.bfloat16) for _ in range(4))
+        for causal in (False, True):
+            out, lse = stax.attention_forward(q, k, v, is_causal=causal)
+            fn = lambda: stax.attention_backward(do, q, k, v, out, lse, is_causal=causal)  # noqa: E731
+            fn()
+            ms = time_calls(lambda *a: fn(), [], iters=10)
+            flex_ms = None
+            try:
+                import torch
+                import triton.testing
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+                tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                              for _ in range(3))
+                mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, n, n) if causal else None
+                flex = torch.compile(flex_attention)
+                grad = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+                fwd = triton.testing.do_bench(lambda: flex(tq, tk, tv, block_mask=mask), return_mode="median")
+                both = triton.testing.do_bench(lambda: flex(tq, tk, tv, block_mask=mask).backward(grad),
+                                               return_mode="median")
+                flex_ms = both - fwd
+            except Exception as e:          # no torch, or no FlexAttention in it
+                print(f"FlexAttention backward: {e}")
+            row = _attention_row(f"backward d{d}", (b, h, n, n, d), causal, ms / 2.5, ["dkdv", "dq"],
+                                 None, flex_ms / 2.5 if flex_ms else None)
+            row.update(stax_backward_ms=ms, flex_backward_ms=flex_ms)
+            rows.append(row)
+        del q, k, v, do
+    return rows
+
+
 def attention_benchmarks() -> list:
     """The SDPA pattern (hand-written, compiled: one template kernel) against torch's flash SDPA
     and FlexAttention; omni_attention with causal + ALiBi against FlexAttention; decode."""
@@ -334,6 +369,7 @@ def attention_benchmarks() -> list:
         _, f_ms = _torch_attention(b, h, n, n, d, True, alibi=True)
         rows.append(_attention_row(f"omni causal+alibi d{d}", (b, h, n, n, d), True, ms, ["omni"], None, f_ms))
         del q, k, v
+    rows += _backward_rows()
     b, h, m, n, d = DECODE_SHAPE
     q = stax.randn(b, h, m, d, device="cuda").to(stax.bfloat16)
     k, v = (stax.randn(b, h, n, d, device="cuda").to(stax.bfloat16) for _ in range(2))
