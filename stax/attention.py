@@ -17,7 +17,8 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
   tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
   `stax.compile` it is a graph break: the template is itself the compiled kernel.
 - `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
-  there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged),
+  there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
+  default for ≤ 16 queries when B·H programs cannot fill the SMs),
   "CPP" (the C++ template, CPU tensors; the mods printed by the C++ printer). Unset on the CPU:
   float64 numpy. A backend that cannot run the inputs is an error, never a silent fallback.
 
@@ -147,6 +148,15 @@ def _decode(q, k, v, spec, extra: list, out, lse):
     _run_kernels(decode_templates(spec, splits, chunk), [[q, k, v] + extra + ml + [acc], ml + [acc, out, lse]])
 
 
+def _default_decode(spec, kernel_options) -> bool:
+    """With no BACKEND named: a few queries per (batch, head) and too few programs for the SMs
+    (one per 16 queries) take the decode template, which splits the keys."""
+    from .triton_kernel import current_target
+    b, h, _, m, _, _ = spec.dims
+    return ("BACKEND" not in (kernel_options or {}) and m <= 16 and not spec.sparse
+            and b * h < current_target().sm_count)
+
+
 def _gpu_forward(q, k, v, spec, extra: list, backend="TRITON"):
     out = empty(*q.shape, dtype=q.dtype, device=q.device)
     lse = empty(*q.shape[:-1], dtype=float32, device=q.device)
@@ -190,6 +200,7 @@ def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enab
                 raise NotImplementedError("BACKEND='CPP' takes [B, H, L, E] tensors and no attn_mask "
                                           "(use omni_attention's block mask, or leave BACKEND unset)")
             return _cpp_forward(q, k, v, spec)
+        backend = "TRITON_DECODE" if _default_decode(spec, kernel_options) else backend
         return _gpu_forward(q, k, v, spec, [attn_mask] if attn_mask is not None else [], backend)
     with np.errstate(all="ignore"):
         o, lse = sdpa_lse_numpy(_host(q), _host(k), _host(v), _host(attn_mask), is_causal, scale)
@@ -442,6 +453,7 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if score_mod is not None:
                 spec.score_mod = trace_mod(score_mod, True)
             extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
+            backend = "TRITON_DECODE" if _default_decode(spec, kernel_options) else backend
             out, lse = _gpu_forward(query, key, value, spec, extra, backend)
     else:
         out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)

@@ -548,3 +548,13 @@ def test_rewrite_only_what_the_template_runs(rng):
     out = cf(q.to("cuda"), k.to("cuda"), v.to("cuda"))
     assert "sdpa" not in cf.last_generated.graph.format()
     assert_close(out.cpu(), ref_attention(host(q), host(k), host(v), scale=0.3)[0], stax.float32)
+
+
+def test_decode_is_the_default_for_a_few_queries(rng):
+    import stax.attention as att
+    q, k, v = randn(rng, (1, 2, 1, 16)), randn(rng, (1, 2, 200, 16)), randn(rng, (1, 2, 200, 16))
+    att._KERNELS.clear()
+    out = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"))
+    assert [kern.name for kern in att._KERNELS.values()] == ["triton_tem_fused_attention_decode_split",
+                                                               "triton_tem_fused_attention_decode_merge"]
+    assert_close(out.cpu(), ref_attention(host(q), host(k), host(v))[0], stax.float32)
