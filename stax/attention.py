@@ -106,7 +106,7 @@ def _to_tensor(a: np.ndarray, dtype, device) -> Tensor:
 
 # ---- §9.10 Launching a template directly (eager on "cuda" tensors) ----
 
-_KERNELS: dict = {}          # kernel text -> its CachingAutotuner (compiled once per text)
+_KERNELS: dict = {}          # kernel text -> its CachingAutotuner, or (ffi, lib) of a C++ template
 
 
 def _operand(t):
@@ -370,7 +370,9 @@ def _cpp_forward(q, k, v, spec, block_mask=None):
                    block_mask.full_kv_indices)]
         shape = blocks[1].shape
     src, cdef = cpp_template(spec, shape)
-    ffi, lib = load_cpp(prelude() + src, cdef)
+    if src not in _KERNELS:                  # (load_cpp hashes the compiler's identity each call)
+        _KERNELS[src] = load_cpp(prelude() + src, cdef)
+    ffi, lib = _KERNELS[src]
     b, h, _, m, _, d = spec.dims
     out, lse = np.empty((b, h, m, d), np.float32), np.empty((b, h, m), np.float32)
     lib.stax_attention_cpu(*[ffi.from_buffer("float[]", a) for a in arrays],

@@ -473,50 +473,78 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
 _CPP_ROW = """
 extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
                        const int32_t* ind, const int32_t* fnb, const int32_t* find, float* out, float* lse) {{
-    // {what}: each (batch, head, query row) keeps its triple (m, l, acc) while it scans the keys
-    // in blocks of {kblock}: scores of one block, its max, one rescale, then the block's P v
-    #pragma omp parallel for collapse(2) schedule(dynamic, 16)
+    // {what}: a tile of QT query rows of one (batch, head) keeps its triples (m, l, acc) while it
+    // scans the keys in blocks of KB: each key row is read once for the whole tile
+    constexpr int64_t QT = 16, KB = {kblock};
+    const int64_t tiles = ({m} + QT - 1) / QT;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < {bh}; ++bh) {{
-        for (int64_t i = 0; i < {m}; ++i) {{
+        for (int64_t t = 0; t < tiles; ++t) {{
             const int64_t b = bh / {h}, h = bh % {h}, hk = h / {groups};
-            const float* qi = q + (bh * {m} + i) * {d};
+            const int64_t i0 = t * QT, i1 = std::min<int64_t>({m}, i0 + QT), rows = i1 - i0;
+            const float* qt = q + (bh * {m} + i0) * {d};
             const float* kh = k + (b * {hk} + hk) * {n} * {d};
             const float* vh = v + (b * {hk} + hk) * {n} * {d};
-            float m_i = -INFINITY, l_i = 0.0f, acc[{d}] = {{0}}, sc[{kblock}];
+            float m_i[QT], l_i[QT], acc[QT][{d}], sc[QT][KB], qT[{d}][QT];
+            for (int64_t r = 0; r < QT; ++r) {{
+                m_i[r] = -INFINITY;
+                l_i[r] = 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) acc[r][c] = 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[r * {d} + c] : 0.0f;
+            }}
             auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
-                for (int64_t j0 = lo; j0 < hi; j0 += {kblock}) {{
-                    const int64_t j1 = std::min<int64_t>(hi, j0 + {kblock});
-                    float bmax = -INFINITY;
+                (void)partial;
+                for (int64_t j0 = lo; j0 < hi; j0 += KB) {{
+                    const int64_t j1 = std::min<int64_t>(hi, j0 + KB);
                     for (int64_t j = j0; j < j1; ++j) {{
                         const float* kj = kh + j * {d};
-                        const int64_t q_idx = i, kv_idx = j;
-                        (void)q_idx, (void)kv_idx;
-                        float s = 0.0f;
-                        for (int64_t c = 0; c < {d}; ++c) s += qi[c] * kj[c];
-                        s *= {scale}f;
+                        float dots[QT] = {{0}};          // the tile's rows in the vector lanes
+                        for (int64_t c = 0; c < {d}; ++c) {{
+                            const float kc = kj[c];
+                            for (int64_t r = 0; r < QT; ++r) dots[r] += qT[c][r] * kc;
+                        }}
+                        for (int64_t r = 0; r < rows; ++r) {{
+                            const int64_t i = i0 + r, q_idx = i, kv_idx = j;
+                            (void)q_idx, (void)kv_idx;
+                            float s = dots[r] * {scale}f;
 {score_mod}
 {mask}
-                        sc[j - j0] = s;
-                        bmax = s > bmax ? s : bmax;
+                            sc[r][j - j0] = s;
+                        }}
                     }}
-                    if (bmax == -INFINITY) continue;
-                    const float m_new = m_i > bmax ? m_i : bmax;
-                    const float alpha = std::exp(m_i - m_new);
-                    l_i *= alpha;
-                    for (int64_t c = 0; c < {d}; ++c) acc[c] *= alpha;
+                    for (int64_t r = 0; r < rows; ++r) {{
+                        float bmax = -INFINITY;
+                        for (int64_t j = 0; j < j1 - j0; ++j) bmax = sc[r][j] > bmax ? sc[r][j] : bmax;
+                        if (bmax == -INFINITY) {{      // nothing kept here (a NaN score still counts)
+                            for (int64_t j = 0; j < j1 - j0; ++j) {{
+                                sc[r][j] = sc[r][j] != sc[r][j] ? sc[r][j] : 0.0f;
+                                l_i[r] += sc[r][j];
+                            }}
+                            continue;
+                        }}
+                        const float m_new = m_i[r] > bmax ? m_i[r] : bmax;
+                        const float alpha = stax_exp(m_i[r] - m_new);
+                        l_i[r] *= alpha;
+                        for (int64_t c = 0; c < {d}; ++c) acc[r][c] *= alpha;
+                        for (int64_t j = 0; j < j1 - j0; ++j) sc[r][j] = stax_exp(sc[r][j] - m_new);
+                        for (int64_t j = 0; j < j1 - j0; ++j) l_i[r] += sc[r][j];
+                        m_i[r] = m_new;
+                    }}
                     for (int64_t j = j0; j < j1; ++j) {{
-                        const float p = std::exp(sc[j - j0] - m_new);
                         const float* vj = vh + j * {d};
-                        l_i += p;
-                        for (int64_t c = 0; c < {d}; ++c) acc[c] += p * vj[c];
+                        for (int64_t r = 0; r < rows; ++r) {{
+                            const float p = sc[r][j - j0];
+                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[c];
+                        }}
                     }}
-                    m_i = m_new;
                 }}
             }};
 {loops}
-            float* oi = out + (bh * {m} + i) * {d};
-            for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[c] / l_i;
-            lse[bh * {m} + i] = m_i + std::log(l_i);
+            for (int64_t r = 0; r < rows; ++r) {{
+                float* oi = out + (bh * {m} + i0 + r) * {d};
+                for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[r][c] / l_i[r];
+                lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
+            }}
         }}
     }}
 }}
@@ -538,7 +566,7 @@ def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
     block mask (its arrays contiguous int32), empty for none."""
     b, h, hk, m, n, d = spec.dims
     name = "stax_attention_cpu"
-    ind = "    " * 6
+    ind = "    " * 7
     mask = ""
     if spec.is_causal:
         mask += f"{ind}if (j > i) s = -INFINITY;\n"
@@ -553,14 +581,14 @@ def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
     if block_shape:
         bm, hm, qb, kb = block_shape
         bq, bkv = spec.sparse[:2]
-        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i / {bq})"
+        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i0 / {bq})"
         loops = "\n".join(
-            f"{pre}for (int32_t t = 0; t < {cnt}[{row}]; ++t) {{\n"
-            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + t] * {bkv};\n"
+            f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
+            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + u] * {bkv};\n"
             f"{pre}    visit(j0, std::min<int64_t>({n}, j0 + {bkv}), {part});\n{pre}}}"
             for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")))
     else:
-        hi = f"std::min<int64_t>({n}, i + 1)" if spec.is_causal else str(n)
+        hi = f"std::min<int64_t>({n}, i1)" if spec.is_causal else str(n)
         loops = f"{pre}visit(0, {hi}, true);"
     text = _CPP_ROW.format(name=name, what=", ".join(spec.origins) or "attention", kblock=64, bh=b * h,
                            m=m, n=n, d=d, h=h, hk=hk, groups=h // hk, scale=repr(float(spec.scale)),
