@@ -558,3 +558,21 @@ def test_decode_is_the_default_for_a_few_queries(rng):
     assert [kern.name for kern in att._KERNELS.values()] == ["triton_tem_fused_attention_decode_split",
                                                                "triton_tem_fused_attention_decode_merge"]
     assert_close(out.cpu(), ref_attention(host(q), host(k), host(v))[0], stax.float32)
+
+
+def test_nan_and_inf_inputs_match_eager(rng):
+    """A NaN in a query row makes that row NaN (eager's softmax); an inf key makes every row that
+    sees it NaN or inf alike; the GPU template, the CPU template and eager agree on where."""
+    q, k, v = randn(rng, (1, 1, 20, 16)), randn(rng, (1, 1, 33, 16)), randn(rng, (1, 1, 33, 16))
+    qn, kn = host(q).astype(np.float32), host(k).astype(np.float32)
+    qn[0, 0, 3, 5] = np.nan
+    kn[0, 0, 10, 2] = np.inf
+    q, k = stax.from_numpy(qn), stax.from_numpy(kn)
+    eager = host(stax.scaled_dot_product_attention(q, k, v, is_causal=True))
+    f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=True))
+    gpu = host(f(q.to("cuda"), k.to("cuda"), v.to("cuda")))
+    cpu, _ = stax.attention_forward(q, k, v, is_causal=True, kernel_options={"BACKEND": "CPP"})
+    for got in (gpu, host(cpu)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
+        assert_close(got, eager, stax.float32)
+    assert np.isnan(eager[0, 0, 3]).all() and not np.isnan(eager[0, 0, 4]).any()
