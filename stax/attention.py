@@ -327,7 +327,8 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     from .tensor import tensor
     from .triton_kernel import TritonPrinter
     names = (["score"] if is_score else []) + ["b", "h", "q_idx", "kv_idx"]
-    args = [tensor(0.5, dtype=float32) if n == "score" else tensor(0, dtype=int32) for n in names]
+    args = [tensor(0.5, dtype=float32, device="cpu") if n == "score" else tensor(0, dtype=int32, device="cpu")
+            for n in names]
     what = "score_mod" if is_score else "mask_mod"
     graph, _ = capture(fn, args)
     low = lower(graph, inline_limit=1 << 30)
