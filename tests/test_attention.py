@@ -576,3 +576,14 @@ def test_nan_and_inf_inputs_match_eager(rng):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
         assert_close(got, eager, stax.float32)
     assert np.isnan(eager[0, 0, 3]).all() and not np.isnan(eager[0, 0, 4]).any()
+
+
+def test_tensor_with_cuda_as_the_default_device():
+    """stax.tensor under set_default_device('cuda') once recursed forever (it built its host copy
+    on the default device again); the mods' proxies and the examples' --device cuda need it."""
+    stax.set_default_device("cuda")
+    try:
+        t = stax.tensor([0.5, 1.5])
+    finally:
+        stax.set_default_device("cpu")
+    assert t.device == "cuda" and t.cpu().numpy().tolist() == [0.5, 1.5]
