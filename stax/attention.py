@@ -9,9 +9,9 @@ Consumes Stax tensors q [B, H, M, D], k and v [B, HK, N, D] (HK divides H: group
 for omni_attention the user's `score_mod(score, b, h, q_idx, kv_idx)` and a `BlockMask`.
 Produces the attention output (and with `return_lse`, the LSE [B, H, M] the backward needs).
 
-- `scaled_dot_product_attention` is one graph op, `sdpa` (op_table.py): eager it runs in float64
-  numpy; compiled for the GPU it becomes the flash template (codegen_triton.py); compiled for the
-  CPU it runs as a §6.1 fallback.
+- `scaled_dot_product_attention` is one graph op, `sdpa` (op_table.py): eager on CPU tensors it
+  runs in float64 numpy, on cuda tensors it launches the flash template; compiled for the GPU the
+  node becomes the same template (codegen_triton.py); compiled for the CPU it is a §6.1 fallback.
 - `omni_attention` traces `score_mod` and `mask_mod` into small graphs, lowers them, and prints
   their `inner_fn` with the Triton printer between the QKᵀ dot and the online update. On "cuda"
   tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
@@ -91,7 +91,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         inputs.append(attn_mask)
     shape = tuple(query.shape[:-1]) + (value.shape[-1],)
     params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale)}
+    if current_tracer() is None and query.device != "cpu" and _eager_template(inputs, is_causal, scale):
+        return attention_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa)[0]
     return _op("sdpa", inputs, params, _meta(shape, query.dtype, query.device))
+
+
+def _eager_template(inputs: list, is_causal, scale) -> bool:
+    """Eager on cuda tensors: does the flash template cover these (else the op runs on the host)?"""
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) == 4 else None
+    if len({t.device for t in inputs}) != 1:
+        return False
+    return make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale, is_causal,
+                     _operand(mask) if mask is not None else None,
+                     mask.dtype.name if mask is not None else "") is not None
 
 
 def _host(t) -> np.ndarray:

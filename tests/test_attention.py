@@ -587,3 +587,15 @@ def test_tensor_with_cuda_as_the_default_device():
     finally:
         stax.set_default_device("cpu")
     assert t.device == "cuda" and t.cpu().numpy().tolist() == [0.5, 1.5]
+
+
+def test_eager_sdpa_on_cuda_runs_the_template(rng):
+    import stax.attention as att
+    q, k, v, ref, _ = _sdpa_case(rng, stax.float32, (1, 2, 40, 16), 50, True)
+    att._KERNELS.clear()
+    out = stax.scaled_dot_product_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), is_causal=True)
+    assert out.device == "cuda" and [kern.name for kern in att._KERNELS.values()] == ["triton_tem_fused_attention_0"]
+    assert_close(out.cpu(), ref, stax.float32)
+    q5 = q.reshape(1, 1, 2, 40, 16).to("cuda")            # rank 5: no template, the op on the host
+    out5 = stax.scaled_dot_product_attention(q5, q5, q5)
+    assert_close(out5.cpu(), ref_attention(host(q5)[0], host(q5)[0], host(q5)[0])[0][None], stax.float32)
