@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import tensor_ops as _ops
-from .attention_kernels import (BackwardSpec, ModBody, as_operand, attention_scores, attention_template,
+from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
                                 DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
@@ -479,12 +479,10 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 # ---- §9.10 The backward: P = exp(S - LSE) recomputed, dQ, dK, dV ----
 
 
-def _backward_numpy(do, q, k, v, o, lse, is_causal, scale):
-    """float64: the same recomputation as the kernels, one (batch, head) block at a time."""
+def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
+    """float64: the same recomputation as the kernels."""
     h, hk = q.shape[-3], k.shape[-3]
-    s = attention_scores(q, k, scale)
-    if is_causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
     p = np.exp(s - lse[..., None])
     kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
     delta = (do * o).sum(-1, keepdims=True)
@@ -498,10 +496,11 @@ def _backward_numpy(do, q, k, v, o, lse, is_causal, scale):
 
 
 def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
-                       enable_gqa=False, kernel_options=None):
+                       enable_gqa=False, kernel_options=None, attn_mask=None):
     """(dQ, dK, dV) of attention_forward's (out, lse), P recomputed as exp(S - LSE) (§9.10):
     nothing N x N is stored. cuda tensors run two Triton kernels (dK and dV over key blocks, dQ
-    over query blocks), CPU ones float64 numpy. No attention mask or score_mod here yet."""
+    over query blocks), CPU ones float64 numpy. `attn_mask` as in the forward (bool keeps, float
+    adds); no score_mod or block mask here yet."""
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.shape[0] != query.shape[0]:
         raise RuntimeError("attention_backward: query, key and value must be [B, H, L, E] with one batch size")
@@ -513,16 +512,17 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
         raise ValueError("attention_backward: BACKEND='TRITON_DECODE' has no backward; use 'TRITON'")
     if backend == "EAGER":
         grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
-                                is_causal, scale)
+                                is_causal, scale, None if attn_mask is None else _host(attn_mask))
         return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
     spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query), query.dtype.name,
-                     scale, is_causal)
+                     scale, is_causal, _operand(attn_mask) if attn_mask is not None else None,
+                     attn_mask.dtype.name if attn_mask is not None else "")
     if spec is None:
         raise RuntimeError(f"the backward template does not cover q {tuple(query.shape)}, {query.dtype.name}")
     bs = BackwardSpec(spec, _operand(out), _operand(grad_out))
     lse = lse.contiguous() if lse.dtype is float32 else lse.to(float32).contiguous()
     dq = empty(*query.shape, dtype=query.dtype, device=query.device)
     dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))
-    ins = [query, key, value, out, grad_out, lse]
+    ins = [query, key, value, out, grad_out, lse] + ([attn_mask] if attn_mask is not None else [])
     _run_kernels(backward_templates(bs), [ins + [dk, dv], ins + [dq]])
     return dq, dk, dv

@@ -614,6 +614,17 @@ def _bwd_head(spec: AttentionSpec) -> list:
     return [f"M = {m}", f"N = {n}", f"D = {d}", f"rd = tl.arange(0, {_next_pow2(max(d, 16))})"]
 
 
+def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+    """The attention mask in a backward tile: (lines, extra keep term); a float mask adds to `var`."""
+    if s.mask is None:
+        return [], ""
+    load = (f"{indent}am = tl.load(in_ptr6 + ({s.mask.index('b', 'h', rows, cols)}), "
+            f"mask=({rows} < M) & ({cols} < N), other=0)")
+    if s.mask_dtype == "bool":
+        return [load], " & (am != 0)"
+    return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
+
+
 def _dkdv_body(bs: BackwardSpec) -> list:
     """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
     and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
@@ -625,6 +636,7 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
     qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
+    mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
     return _bwd_head(s) + [
         "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
         "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
@@ -646,7 +658,8 @@ def _dkdv_body(bs: BackwardSpec) -> list:
         f"        lse = tl.load(in_ptr5 + ((b * {h} + h) * M + rm), mask=rm < M, other=0.0)",
         "        delta = tl.sum(dob.to(tl.float32) * ob, 1)",
         f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32) * {s.scale!r}",
-        f"        pT = tl.where({keep}, tl.exp(sT - lse[None, :]), 0.0)",
+        *mask_lines,
+        f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
         f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
         f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
         "        dsT = pT * (dpT - delta[None, :])",
@@ -665,6 +678,7 @@ def _dq_body(bs: BackwardSpec) -> list:
     hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
     row = "(rm[:, None] < M) & (rd[None, :] < D)"
+    mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
     return _bwd_head(s) + [
         "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
         f"hk = h // {h // hk}",
@@ -681,7 +695,8 @@ def _dq_body(bs: BackwardSpec) -> list:
         f"    kT = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
         f"    vT = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
         f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32) * {s.scale!r}",
-        f"    p = tl.where({keep}, tl.exp(sc - lse[:, None]), 0.0)",
+        *mask_lines,
+        f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
         f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
         "    ds = p * (dp - delta[:, None])",
         f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
@@ -695,6 +710,8 @@ def backward_templates(bs: BackwardSpec) -> list:
     b, h, hk, m, n, d = s.dims
     ptr = PTR_TYPES[s.dtype]
     ins = {f"in_ptr{i}": ptr for i in range(5)} | {"in_ptr5": "*fp32"}
+    if s.mask is not None:
+        ins["in_ptr6"] = PTR_TYPES[s.mask_dtype]
     out = []
     for kind, body, outs, numels in (("dkdv", _dkdv_body(bs), 2, [b * hk, n, m, d, 0, 0]),
                                      ("dq", _dq_body(bs), 1, [b * h, m, n, d, 0, 0])):

@@ -430,14 +430,16 @@ def test_unmatched_attention_runs_the_ordinary_kernels(rng, variant):
 # ---- the backward: P recomputed from the LSE ----
 
 
-def ref_grads(q, k, v, do, causal):
-    """dQ, dK, dV of softmax(q kᵀ/√d) v by the chain rule in float64 (grouped heads summed)."""
+def ref_grads(q, k, v, do, causal, mask=None):
+    """dQ, dK, dV of softmax(q kᵀ/√d [+ mask]) v by the chain rule in float64 (grouped heads summed)."""
     h, hk = q.shape[1], k.shape[1]
     kk, vv = (np.repeat(x, h // hk, axis=1) for x in (k, v))
     scale = 1 / math.sqrt(q.shape[-1])
     s = q @ np.swapaxes(kk, -1, -2) * scale
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     dp = do @ np.swapaxes(vv, -1, -2)
@@ -599,3 +601,23 @@ def test_eager_sdpa_on_cuda_runs_the_template(rng):
     q5 = q.reshape(1, 1, 2, 40, 16).to("cuda")            # rank 5: no template, the op on the host
     out5 = stax.scaled_dot_product_attention(q5, q5, q5)
     assert_close(out5.cpu(), ref_attention(host(q5)[0], host(q5)[0], host(q5)[0])[0][None], stax.float32)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_backward_with_an_attention_mask(rng, kind):
+    b, h, m, n, d = 1, 2, 30, 41, 16
+    q, do = randn(rng, (b, h, m, d)), randn(rng, (b, h, m, d))
+    k, v = randn(rng, (b, h, n, d)), randn(rng, (b, h, n, d))
+    if kind == "bool":
+        mask_np = rng.random((m, n)) < 0.6
+        mask_np[:, 0] = True                     # every row keeps a key
+    else:
+        mask_np = rng.standard_normal((1, h, m, n)).astype(np.float32)
+    mask = stax.from_numpy(mask_np)
+    refs = ref_grads(host(q), host(k), host(v), host(do), False, mask_np if kind == "bool" else mask_np.astype(np.float64))
+    for dev in ("cuda", "cpu"):
+        args = [t.to(dev) for t in (q, k, v)]
+        out, lse = stax.attention_forward(*args, attn_mask=mask.to(dev))
+        grads = stax.attention_backward(do.to(dev), *args, out, lse, attn_mask=mask.to(dev))
+        for g, r in zip(grads, refs):
+            assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
