@@ -1,6 +1,6 @@
 """§9.10 Attention, the user's side: `scaled_dot_product_attention`, `omni_attention`, block masks.
 
-Layer: front, beside tensor_ops.py (it builds ops from tensors), but it also reaches down to the
+Layer: front, beside the tensor op modules (it builds ops from tensors), but it also reaches down to the
 back end to launch its templates directly (attention_kernels.py prints them, triton_heuristics.py
 runs them) and to capture/lower/print a `score_mod` or `mask_mod` (capture.py, lower.py,
 triton_kernel.py's printer). Only __init__.py imports it.
@@ -36,13 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tensor_ops as _ops
 from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
                                 DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
                                 sdpa_lse_numpy, triple_of, _expand_heads)
-from .dtypes import bool_, float32, float64, int32
+from .dtypes import float32, int32
 from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
 
 BACKENDS = ("TRITON", "TRITON_DECODE", "CPP")
@@ -374,7 +373,6 @@ def trace_mod(fn, is_score: bool, language: str = "triton") -> ModBody:
 def _cpp_forward(q, k, v, spec, block_mask=None):
     """BACKEND='CPP': the C++ template on contiguous float32 copies (half types widened first)."""
     from .cache import load_cpp, prelude
-    from .tensor import _to_storage_form
     arrays = [np.ascontiguousarray(_host(t), np.float32) for t in (q, k, v)]
     blocks = [np.zeros(1, np.int32)] * 4
     shape = ()

@@ -409,7 +409,7 @@ def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
              f"m_i = tl.full([{rows}], float(\"-inf\"), tl.float32)",
              f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
              f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
-             f"# this program's split of the keys: its own triple, merged by the second kernel",
+             "# this program's split of the keys: its own triple, merged by the second kernel",
              f"for start_n in range(split * {chunk}, tl.minimum(N, (split + 1) * {chunk}), BLOCK_N):"]
     lines += ["    " + x for x in _kv_step(spec, True)]
     lines += [f"base = (bh * {splits} + split) * {rows}",
