@@ -5,6 +5,8 @@ is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions 
 or `indexing` (issue 11: the embedding gather and index_add_ on a 1M x 1024 table, INDEXING).
 `python bench/gpu.py launchbound` runs only §9.9's launch-bound section (issue 13): an MLP block and
 a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
+`python bench/gpu.py attention` runs only §9.10's attention rows (issue 15) against torch's SDPA and
+FlexAttention.
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -437,6 +439,147 @@ def _torch_launch_bound(tfn, arrays, dt) -> dict:
         found[f"torch_{mode}_us"] = _per_call_us(tf, targs, torch.cuda.synchronize)
         found[f"torch_{mode}_host_us"] = _host_us(tf, targs, torch.cuda.synchronize)
     return found
+# ---- §9.10 attention (issue 15): `python bench/gpu.py attention [--json FILE]` ----
+
+ATTENTION_SHAPES = [(8, 16, 4096, 64), (8, 16, 4096, 128)]     # B, H, N, d; bf16
+DECODE_SHAPE = (1, 32, 1, 32768, 128)                           # B, H, queries, keys, d
+
+
+def _attention_flops(b, h, m, n, d, causal) -> float:
+    return 4 * b * h * m * n * d * (0.5 if causal else 1.0)
+
+
+def _torch_attention(b, h, m, n, d, causal, alibi=False):
+    """(torch SDPA ms, FlexAttention ms) at the same shape, bf16, or (None, None) without torch."""
+    try:
+        import torch
+        import triton.testing
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except Exception:
+        return None, None
+    q = torch.randn(b, h, m, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    sdpa = None
+    if not alibi:
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+        sdpa = triton.testing.do_bench(fn, return_mode="median")
+    mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, m, n) if causal else None
+    mod = (lambda s, b_, h_, qi, ki: s - torch.exp2(-(h_ + 1).to(torch.float32)) * (qi - ki)) if alibi else None
+    flex = torch.compile(flex_attention)
+    flex(q, k, v, score_mod=mod, block_mask=mask)
+    flex_ms = triton.testing.do_bench(lambda: flex(q, k, v, score_mod=mod, block_mask=mask), return_mode="median")
+    return sdpa, flex_ms
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _alibi(score, b, h, q_idx, kv_idx):
+    slope = stax.exp2(-(h + 1).to(stax.float32))
+    return score - slope * (q_idx - kv_idx)
+
+
+def _hand_written(causal):
+    def attention(q, k, v):
+        s = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))
+        if causal:
+            i = stax.arange(q.shape[-2], device=q.device)
+            j = stax.arange(k.shape[-2], device=q.device)
+            s = stax.where(i[:, None] >= j[None, :], s, float("-inf"))
+        return stax.softmax(s, -1) @ v
+    return attention
+
+
+def _attention_row(name, shape, causal, ms, kernels, torch_ms=None, flex_ms=None):
+    tf = _attention_flops(*shape, causal) * 1e-9
+    row = {"workload": name, "shape": shape, "causal": causal, "stax_ms": ms, "stax_tflops": tf / ms,
+           "kernels": kernels}
+    if torch_ms:
+        row.update(torch_sdpa_ms=torch_ms, torch_sdpa_tflops=tf / torch_ms, vs_sdpa=torch_ms / ms)
+    if flex_ms:
+        row.update(flex_ms=flex_ms, flex_tflops=tf / flex_ms, vs_flex=flex_ms / ms)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _backward_rows() -> list:
+    """attention_backward (two kernels) against FlexAttention's backward (torch.compile'd, the
+    forward's time subtracted), bf16, causal and not; FLOPs counted as 2.5x the forward's."""
+    rows = []
+    for b, h, n, d in ATTENTION_SHAPES:
+        q, k, v, do = (stax.randn(b, h, n, d, device="cuda").to(stax.bfloat16) for _ in range(4))
+        for causal in (False, True):
+            out, lse = stax.attention_forward(q, k, v, is_causal=causal)
+            fn = lambda: stax.attention_backward(do, q, k, v, out, lse, is_causal=causal)  # noqa: E731
+            fn()
+            ms = time_calls(lambda *a: fn(), [], iters=10)
+            flex_ms = None
+            try:
+                import torch
+                import triton.testing
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+                tq, tk, tv = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                              for _ in range(3))
+                mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, n, n) if causal else None
+                flex = torch.compile(flex_attention)
+                grad = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+                fwd = triton.testing.do_bench(lambda: flex(tq, tk, tv, block_mask=mask), return_mode="median")
+                both = triton.testing.do_bench(lambda: flex(tq, tk, tv, block_mask=mask).backward(grad),
+                                               return_mode="median")
+                flex_ms = both - fwd
+            except Exception as e:          # no torch, or no FlexAttention in it
+                print(f"FlexAttention backward: {e}")
+            row = _attention_row(f"backward d{d}", (b, h, n, n, d), causal, ms / 2.5, ["dkdv", "dq"],
+                                 None, flex_ms / 2.5 if flex_ms else None)
+            row.update(stax_backward_ms=ms, flex_backward_ms=flex_ms)
+            rows.append(row)
+        del q, k, v, do
+    return rows
+
+
+def attention_benchmarks() -> list:
+    """The SDPA pattern (hand-written, compiled: one template kernel) against torch's flash SDPA
+    and FlexAttention; omni_attention with causal + ALiBi against FlexAttention; decode."""
+    rows = []
+    for b, h, n, d in ATTENTION_SHAPES:
+        q, k, v = (stax.randn(b, h, n, d, device="cuda").to(stax.bfloat16) for _ in range(3))
+        for causal in (False, True):
+            f = stax.compile(_hand_written(causal))
+            f(q, k, v)
+            ms = time_calls(f, [q, k, v], iters=20)
+            t_ms, f_ms = _torch_attention(b, h, n, n, d, causal)
+            rows.append(_attention_row(f"sdpa_pattern d{d}", (b, h, n, n, d), causal, ms,
+                                       list(f.last_generated.kernels), t_ms, f_ms))
+        mask = stax.create_block_mask(_causal, None, None, n, n, device="cuda")
+        fn = lambda q, k, v: stax.omni_attention(q, k, v, score_mod=_alibi, block_mask=mask)  # noqa: E731
+        fn(q, k, v)
+        ms = time_calls(fn, [q, k, v], iters=20)
+        _, f_ms = _torch_attention(b, h, n, n, d, True, alibi=True)
+        rows.append(_attention_row(f"omni causal+alibi d{d}", (b, h, n, n, d), True, ms, ["omni"], None, f_ms))
+        del q, k, v
+    rows += _backward_rows()
+    b, h, m, n, d = DECODE_SHAPE
+    q = stax.randn(b, h, m, d, device="cuda").to(stax.bfloat16)
+    k, v = (stax.randn(b, h, n, d, device="cuda").to(stax.bfloat16) for _ in range(2))
+    for backend in ("TRITON", "TRITON_DECODE"):
+        fn = lambda q, k, v: stax.omni_attention(q, k, v, kernel_options={"BACKEND": backend})  # noqa: E731
+        try:
+            fn(q, k, v)
+        except (ValueError, NotImplementedError) as e:
+            print(f"decode {backend}: {e}")
+            continue
+        ms = time_calls(fn, [q, k, v], iters=50)
+        t_ms, f_ms = _torch_attention(b, h, m, n, d, False)
+        rows.append(_attention_row(f"decode {backend}", (b, h, m, n, d), False, ms, [backend], t_ms, f_ms))
+    print("\n| workload | causal | Stax TFLOP/s | torch SDPA TFLOP/s | FlexAttention TFLOP/s | vs SDPA | vs Flex |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        def fmt(key, spec=".0f"):
+            return format(r[key], spec) if key in r else "-"
+        print(f"| {r['workload']} {r['shape']} | {r['causal']} | {fmt('stax_tflops')} | {fmt('torch_sdpa_tflops')} | "
+              f"{fmt('flex_tflops')} | {fmt('vs_sdpa', '.2f')} | {fmt('vs_flex', '.2f')} |")
+    return rows
 
 
 def selected(argv) -> list:
@@ -456,6 +599,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"launch_bound": rows}, fh, indent=1)
+        return
+    if "attention" in argv:          # §9.10 on its own: the attention rows, nothing else
+        rows = attention_benchmarks()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"attention": rows}, fh, indent=1)
         return
     idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])
     explicit = selected(argv) or idx_names or [a for a in argv if a in MATMULS]

@@ -53,6 +53,8 @@ from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  #
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
 from . import indexing as _indexing_mod
+from .attention import (BlockMask, attention_backward, attention_forward, create_block_mask, omni_attention,  # noqa: F401 (§9.10)
+                        scaled_dot_product_attention)
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -451,8 +453,11 @@ class Generated:
 def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Generated:
     """Lower, schedule and print one captured graph, or find its module in the artifact cache."""
     from . import runtime
-    _log("graph", name, graph.format())
     cuda = device.startswith("cuda")
+    if cuda:                         # §9.10: hand-written attention becomes the flash template
+        from .fuse_attention import fuse_attention
+        graph = fuse_attention(graph)
+    _log("graph", name, graph.format())
     path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
     if path is not None and not (_logs() & {"ir", "schedule"}) and not _OBSERVERS:   # a miss reads the remote level
         module = runtime.load_artifact(path)
@@ -907,7 +912,8 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
 _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
                   "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT", "COMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
-                  "inference_mode"]
+                  "inference_mode", "scaled_dot_product_attention", "omni_attention",
+                  "create_block_mask", "BlockMask", "attention_forward", "attention_backward"]
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
 __all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)
                   set(_tensor_ops_mod.__all__) | set(_shape_ops_mod.__all__) | set(_math_ops_mod.__all__) |

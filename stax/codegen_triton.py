@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import sympy
 
 from .ir import Scatter
+from .attention_kernels import attention_template, extern_spec, launch_numels
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
@@ -168,6 +169,18 @@ def _fused_kernel(index: int, g, sched) -> tuple:
     return {name: src, name2: src2}, params, numels, [name, name2]
 
 
+def _attention_call(index: int, e, spec, operands, launch) -> list:
+    """§9.10: an `sdpa` node as the flash template; its LSE (the backward's) is scratch here."""
+    name, src = attention_template(index, spec)
+    lse = f"{e.name}_lse"
+    call = [_alloc(e.name, e.layout, e.dtype),
+            f"{pyname(lse)} = empty_strided_cuda(({spec.dims[0] * spec.dims[1] * spec.dims[3]},), (1,), stax.float32)"]
+    launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name, lse]]
+           + [str(int(n)) for n in launch_numels(spec)])
+    call.append(f"del {pyname(lse)}")
+    return call
+
+
 def generate(sched) -> TritonModule:
     """Print every fusion group as a Triton kernel (or a template, or a fallback call) + `call`."""
     low = sched.lowered
@@ -188,6 +201,12 @@ def generate(sched) -> TritonModule:
             call.append(_alloc(e.name, e.layout, e.dtype))
             new.add(e.name)
             launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
+            index += 1
+        elif g.kind == "extern" and extern_spec(g.nodes[0], low)[0] is not None:
+            e = g.nodes[0]           # §9.10: attention runs as the flash template
+            spec, operands = extern_spec(e, low)
+            call += _attention_call(index, e, spec, operands, launch)
+            new.add(e.name)
             index += 1
         elif g.kind == "extern":
             e = g.nodes[0]

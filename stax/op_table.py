@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from .attention_kernels import sdpa_numpy
 from .dtypes import float64
 
 # ---- The record ----
@@ -367,6 +368,8 @@ OPS = {d.name: d for d in [
     # inputs x, [values,] then one integer index tensor per indexed dim, broadcast together
     OpDef("index", "other", -1, _index),
     OpDef("index_put", "other", -1, _index_put),
+    # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
+    OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
     # graph-only: capture.py's functional form of a write through a slice / select view
     OpDef("slice_scatter", "scatter", 2, None),
     OpDef("select_scatter", "scatter", 2, None),

@@ -503,7 +503,7 @@ def tensor(data, dtype=None, device=None):
     """A new tensor holding a copy of `data` (nested lists, scalars, numpy arrays, tensors)."""
     device = _DEFAULT_DEVICE if device is None else device
     if _norm_device(device) != "cpu":
-        return _move(tensor(data, dtype), _norm_device(device))
+        return _move(tensor(data, dtype, "cpu"), _norm_device(device))   # (not the default device again)
     if isinstance(data, Tensor):
         if dtype is not None and dtype is not data.dtype:
             data = _op("to_dtype", [data], {"dtype": dtype}, _meta(data.shape, dtype, data.device))

@@ -68,6 +68,9 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
     if kind == "template":
         from .templates import template_configs
         return template_configs(numels)[0]
+    if kind.startswith("attention"):
+        from .attention_kernels import attention_configs
+        return attention_configs(numels, kind)[0]
     return autotune.default_config(kind, numels, reduction_hint, r0_block)
 
 
@@ -76,6 +79,9 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
     if kind == "template":
         from .templates import template_grid
         return template_grid(numels, cfg)
+    if kind.startswith("attention"):
+        from .attention_kernels import attention_grid
+        return attention_grid(numels, cfg)
     return autotune.grid_for(kind, numels, cfg)
 
 
@@ -84,6 +90,9 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
     if kind == "template":
         from .templates import template_configs, template_grid
         return autotune.launchable(template_configs(numels), lambda c: template_grid(numels, c))
+    if kind.startswith("attention"):
+        from .attention_kernels import attention_configs, attention_grid
+        return autotune.launchable(attention_configs(numels, kind), lambda c: attention_grid(numels, c))
     return autotune.candidates(kind, numels, reduction_hint, r0_block)
 
 
@@ -92,6 +101,9 @@ def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) ->
     if kind == "template":
         from .templates import template_tuning_space
         return template_tuning_space(start)
+    if kind.startswith("attention"):
+        from .attention_kernels import attention_tuning_space
+        return attention_tuning_space(start, numels)
     return autotune.tuning_space(kind, start, numels, reduction_hint)
 
 
@@ -449,7 +461,7 @@ class CachingAutotuner:
 
     def _floor_ms(self, numels: dict) -> float:
         """An upper estimate of the kernel's memory floor (autotune.memory_floor_ms)."""
-        if self.kind == "template":
+        if self.kind in ("template", "attention", "attention_decode"):
             return math.inf                    # compute-bound: always worth measuring
         return memory_floor_ms(numels, self.signature)
 
@@ -613,3 +625,5 @@ pointwise = _decorator("pointwise")
 reduction = _decorator("reduction")
 persistent_reduction = _decorator("persistent_reduction")
 template = _decorator("template")
+attention = _decorator("attention")
+attention_decode = _decorator("attention_decode")

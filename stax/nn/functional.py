@@ -230,7 +230,15 @@ def linear(input, weight, bias=None):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
-    """softmax(q k^T * scale + mask) v, written out (one matmul, a fused softmax, one matmul)."""
+    """softmax(q k^T * scale + mask) v: the flash template (§9.10, stax.scaled_dot_product_attention);
+    written out (one matmul, a fused softmax, one matmul) under dropout or when a gradient is
+    needed (autograd differentiates the ops; the template's backward is not wired to it yet)."""
+    from ..autograd import is_grad_enabled
+    needs_grad = is_grad_enabled() and _b.any(
+        isinstance(t, Tensor) and t.requires_grad for t in (query, key, value, attn_mask))
+    if dropout_p == 0 and not needs_grad:
+        from ..attention import scaled_dot_product_attention as flash
+        return flash(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     L, S = query.shape[-2], key.shape[-2]
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     s = mul(matmul(query, _s.swapaxes(key, -2, -1)), scale)
@@ -603,6 +611,16 @@ def one_hot(tensor, num_classes=-1):
 
 
 # ---- Not here yet ----
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    """Rows of `weight` at `input` (a fused gather, §6 indirect indexing)."""
+    if max_norm is not None:
+        raise NotImplementedError("F.embedding(max_norm=...) renormalizes the table in place: not "
+                                  "supported; renormalize the weight yourself")
+    from ..indexing import embedding as _embedding
+    return _embedding(input, weight)
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

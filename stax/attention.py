@@ -1,0 +1,526 @@
+"""§9.10 Attention, the user's side: `scaled_dot_product_attention`, `omni_attention`, block masks.
+
+Layer: front, beside the tensor op modules (it builds ops from tensors), but it also reaches down to the
+back end to launch its templates directly (attention_kernels.py prints them, triton_heuristics.py
+runs them) and to capture/lower/print a `score_mod` or `mask_mod` (capture.py, lower.py,
+triton_kernel.py's printer). Only __init__.py imports it.
+
+Consumes Stax tensors q [B, H, M, D], k and v [B, HK, N, D] (HK divides H: grouped heads), and
+for omni_attention the user's `score_mod(score, b, h, q_idx, kv_idx)` and a `BlockMask`.
+Produces the attention output (and with `return_lse`, the LSE [B, H, M] the backward needs).
+
+- `scaled_dot_product_attention` is one graph op, `sdpa` (op_table.py): eager on CPU tensors it
+  runs in float64 numpy, on cuda tensors it launches the flash template; compiled for the GPU the
+  node becomes the same template (codegen_triton.py); compiled for the CPU it is a §6.1 fallback.
+- `omni_attention` traces `score_mod` and `mask_mod` into small graphs, lowers them, and prints
+  their `inner_fn` with the Triton printer between the QKᵀ dot and the online update. On "cuda"
+  tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
+  `stax.compile` it is a graph break: the template is itself the compiled kernel.
+- `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
+  there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
+  default for ≤ 16 queries when B·H programs cannot fill the SMs),
+  "CPP" (the C++ template, CPU tensors; the mods printed by the C++ printer). Unset on the CPU:
+  float64 numpy. A backend that cannot run the inputs is an error, never a silent fallback.
+
+Where to look:
+  - `scaled_dot_product_attention`, `attention_forward` ..... the sdpa op, and (out, LSE)
+  - `create_block_mask`, `BlockMask` ......................... Figure 9.3's full/partial/empty blocks
+  - `trace_mod` ............................................... score_mod/mask_mod → printed lines
+  - `omni_attention` .......................................... Listing 9.7
+  - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
+                                DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
+                                decode_templates,
+                                finish_triple, launch_numels, make_spec,
+                                sdpa_lse_numpy, triple_of, _expand_heads)
+from .dtypes import float32, int32
+from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
+
+BACKENDS = ("TRITON", "TRITON_DECODE", "CPP")
+
+
+# ---- §9.10 scaled_dot_product_attention ----
+
+
+def _check_qkv(q, k, v, enable_gqa: bool):
+    """PyTorch's rules, with errors that say what to pass instead."""
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a stax.Tensor, got {type(t).__name__}")
+        if t.ndim < 2 or not t.dtype.is_floating_point:
+            raise RuntimeError(f"scaled_dot_product_attention: {name} must be a floating tensor of rank "
+                               f">= 2 ([..., L, E]), got {t.dtype.name} of shape {tuple(t.shape)}")
+    if not (q.dtype is k.dtype is v.dtype):
+        raise RuntimeError(f"scaled_dot_product_attention: query, key and value must share a dtype, got "
+                           f"{q.dtype.name}, {k.dtype.name}, {v.dtype.name}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise RuntimeError(f"scaled_dot_product_attention: query {tuple(q.shape)}, key {tuple(k.shape)} and "
+                           f"value {tuple(v.shape)} need query.size(-1) == key.size(-1) and "
+                           "key.size(-2) == value.size(-2)")
+    if q.ndim >= 3 and k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if not enable_gqa or hk == 0 or hq % hk or v.shape[-3] != hk:
+            raise RuntimeError(f"scaled_dot_product_attention: {hq} query heads and {hk} key heads: pass "
+                               "enable_gqa=True when the key/value heads divide the query heads")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False):
+    """softmax(q kᵀ · scale + mask) v, PyTorch's spelling (§9.10). A bool mask keeps where True,
+    a float mask adds; `is_causal` keeps key j ≤ query i. Inference only: dropout_p must be 0."""
+    _check_qkv(query, key, value, enable_gqa)
+    if dropout_p:
+        raise NotImplementedError("scaled_dot_product_attention: Stax has no dropout (inference "
+                                  "only); pass dropout_p=0.0")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+    inputs = [query, key, value]
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError("scaled_dot_product_attention: attn_mask must be a stax.Tensor (bool: keep, "
+                            "float: add to the scores)")
+        inputs.append(attn_mask)
+    shape = tuple(query.shape[:-1]) + (value.shape[-1],)
+    params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale)}
+    if current_tracer() is None and query.device != "cpu" and _eager_template(inputs, is_causal, scale):
+        return attention_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa)[0]
+    return _op("sdpa", inputs, params, _meta(shape, query.dtype, query.device))
+
+
+def _eager_template(inputs: list, is_causal, scale) -> bool:
+    """Eager on cuda tensors: does the flash template cover these (else the op runs on the host)?"""
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) == 4 else None
+    if len({t.device for t in inputs}) != 1:
+        return False
+    return make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale, is_causal,
+                     _operand(mask) if mask is not None else None,
+                     mask.dtype.name if mask is not None else "") is not None
+
+
+def _host(t) -> np.ndarray:
+    """A tensor's values on the host in their compute form (half types as float32)."""
+    return None if t is None else t.cpu()._compute()
+
+
+def _to_tensor(a: np.ndarray, dtype, device) -> Tensor:
+    t = from_numpy(np.ascontiguousarray(a.astype(np.float64))).to(dtype)
+    return t if device == "cpu" else t.to(device)
+
+
+# ---- §9.10 Launching a template directly (eager on "cuda" tensors) ----
+
+_KERNELS: dict = {}          # kernel text -> its CachingAutotuner, or (ffi, lib) of a C++ template
+
+
+def _operand(t):
+    return as_operand(t._meta.shape, t._meta.stride, t._meta.offset)
+
+
+def _launch(spec, args: list):
+    """Run the template of `spec` on `args` (q, k, v [, mask] [, block mask], out, lse)."""
+    from .triton_heuristics import kernel_from_source
+    name, src = attention_template(0, spec)
+    kernel = _KERNELS.get(src)
+    if kernel is None:
+        kernel = _KERNELS[src] = kernel_from_source(name, src)
+    kernel.run(*args, *launch_numels(spec))
+
+
+def _run_kernels(kernels: list, args: list):
+    """Launch [(name, source, numels)] in order, each on its own argument list."""
+    from .triton_heuristics import kernel_from_source
+    for (name, src, numels), a in zip(kernels, args):
+        kernel = _KERNELS.get(src)
+        if kernel is None:
+            kernel = _KERNELS[src] = kernel_from_source(name, src)
+        kernel.run(*a, *numels)
+
+
+def _decode(q, k, v, spec, extra: list, out, lse):
+    """§9.10 decode: the keys split so that B·H·splits programs fill the GPU; each split's triple
+    goes to float32 scratch, a second kernel merges them (the triple is associative)."""
+    from .triton_kernel import current_target
+    b, h, _, m, n, d = spec.dims
+    if m > DECODE_MAX_QUERIES or spec.sparse:
+        raise ValueError(f"BACKEND='TRITON_DECODE' is for at most {DECODE_MAX_QUERIES} queries and no "
+                         f"block mask (got {m} queries{', a block mask' if spec.sparse else ''}); use 'TRITON'")
+    splits, chunk = decode_splits(n, -(-4 * current_target().sm_count // (b * h)))
+    rows, dp = max(16, 1 << (m - 1).bit_length()), max(16, 1 << (d - 1).bit_length())
+    ml = [empty(b * h * splits * rows, dtype=float32, device=q.device) for _ in range(2)]
+    acc = empty(b * h * splits * rows * dp, dtype=float32, device=q.device)
+    _run_kernels(decode_templates(spec, splits, chunk), [[q, k, v] + extra + ml + [acc], ml + [acc, out, lse]])
+
+
+def _default_decode(spec, kernel_options) -> bool:
+    """With no BACKEND named: a few queries per (batch, head) and too few programs for the SMs
+    (one per 16 queries) take the decode template, which splits the keys."""
+    from .triton_kernel import current_target
+    b, h, _, m, _, _ = spec.dims
+    return ("BACKEND" not in (kernel_options or {}) and m <= 16 and not spec.sparse
+            and b * h < current_target().sm_count)
+
+
+def _gpu_forward(q, k, v, spec, extra: list, backend="TRITON"):
+    out = empty(*q.shape, dtype=q.dtype, device=q.device)
+    lse = empty(*q.shape[:-1], dtype=float32, device=q.device)
+    spec.out = _operand(out)
+    if backend == "TRITON_DECODE":
+        _decode(q, k, v, spec, extra, out, lse)
+    else:
+        _launch(spec, [q, k, v] + extra + [out, lse])
+    return out, lse
+
+
+def _backend(kernel_options, device) -> str:
+    backend = (kernel_options or {}).get("BACKEND", "TRITON" if device != "cpu" else "EAGER")
+    if backend not in BACKENDS + ("EAGER",):
+        raise ValueError(f"kernel_options BACKEND={backend!r}: choose one of {BACKENDS}")
+    if backend == "CPP" and device != "cpu":
+        raise RuntimeError("BACKEND='CPP' runs on CPU tensors; move q, k, v with .cpu() or use 'TRITON'")
+    if backend.startswith("TRITON") and device == "cpu":
+        raise RuntimeError(f"BACKEND={backend!r} needs cuda tensors; move q, k, v with .to('cuda')")
+    return backend
+
+
+def attention_forward(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                      kernel_options=None):
+    """(out, LSE): the attention and its per-row log-sum-exp m + log ℓ ([..., M], float32), what
+    the backward recomputes P from. cuda tensors run the flash template, CPU ones float64 numpy."""
+    _check_qkv(q, k, v, enable_gqa)
+    if current_tracer() is not None:
+        current_tracer().graph_break("attention_forward launches its own kernel")
+    backend = _backend(kernel_options, q.device)
+    if backend != "EAGER":
+        mask_dtype = attn_mask.dtype.name if attn_mask is not None else ""
+        spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale,
+                         is_causal, _operand(attn_mask) if attn_mask is not None else None, mask_dtype)
+        if spec is None:
+            raise RuntimeError(f"the flash template does not cover q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                               f"{q.dtype.name} (rank ≤ 4, head dim ≤ 256, ≤ 65535 batch·heads); "
+                               "run on the CPU instead")
+        if backend == "CPP":
+            if attn_mask is not None or q.ndim != 4:
+                raise NotImplementedError("BACKEND='CPP' takes [B, H, L, E] tensors and no attn_mask "
+                                          "(use omni_attention's block mask, or leave BACKEND unset)")
+            return _cpp_forward(q, k, v, spec)
+        backend = "TRITON_DECODE" if _default_decode(spec, kernel_options) else backend
+        return _gpu_forward(q, k, v, spec, [attn_mask] if attn_mask is not None else [], backend)
+    with np.errstate(all="ignore"):
+        o, lse = sdpa_lse_numpy(_host(q), _host(k), _host(v), _host(attn_mask), is_causal, scale)
+    return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
+
+
+# ---- §9.10 Block masks (Figure 9.3) ----
+
+
+@dataclass
+class BlockMask:
+    """mask_mod reduced per BLOCK_SIZE block, in BCSR form: for each (b, h, Q block) the KV blocks
+    to visit with mask_mod (partial: `kv_num_blocks`, `kv_indices`) and without it (full:
+    `full_kv_num_blocks`, `full_kv_indices`). Blocks in neither list are empty: never visited.
+    B or H of 1 broadcasts. The indices are int32; each row lists its blocks first."""
+    kv_num_blocks: Tensor
+    kv_indices: Tensor
+    full_kv_num_blocks: Tensor
+    full_kv_indices: Tensor
+    Q_LEN: int
+    KV_LEN: int
+    BLOCK_SIZE: tuple
+    mask_mod: object
+
+    def counts(self) -> dict:
+        """How many (b, h, Q block, KV block) blocks are partial, full and empty."""
+        partial = int(self.kv_num_blocks.cpu()._compute().sum())
+        full = int(self.full_kv_num_blocks.cpu()._compute().sum())
+        b, h, qb, kb = self.kv_indices.shape
+        return {"partial": partial, "full": full, "empty": b * h * qb * kb - partial - full}
+
+    def to(self, device):
+        moved = [t.to(device) for t in (self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks,
+                                        self.full_kv_indices)]
+        return BlockMask(*moved, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod)
+
+
+def _index_grids(b: int, h: int, m: int, n: int, device="cpu") -> list:
+    """int32 tensors b, h, q_idx, kv_idx that broadcast to [B, H, M, N] (what the mods receive)."""
+    from .tensor import arange
+    return [arange(size, dtype=int32, device=device).reshape(*[size if i == d else 1 for i in range(4)])
+            for d, size in enumerate((b, h, m, n))]
+
+
+def _eval_mask(mask_mod, b: int, h: int, m: int, n: int) -> np.ndarray:
+    """mask_mod at every position, eagerly: a bool [B, H, M, N] array."""
+    keep = mask_mod(*_index_grids(b, h, m, n))
+    keep = keep.cpu()._compute() if isinstance(keep, Tensor) else np.asarray(keep)
+    return np.broadcast_to(keep.astype(bool), (b, h, m, n))
+
+
+def _bcsr(blocks: np.ndarray) -> tuple:
+    """(count [B, H, QB], indices [B, H, QB, KB]) of the True blocks, listed first in each row."""
+    order = np.argsort(~blocks, axis=-1, kind="stable")
+    return blocks.sum(-1).astype(np.int32), order.astype(np.int32)
+
+
+def _block_sizes(block_size) -> tuple:
+    sizes = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    if len(sizes) != 2 or any(not isinstance(s, int) or s < 16 or s & (s - 1) for s in sizes):
+        raise ValueError(f"create_block_mask: BLOCK_SIZE must be a power of two >= 16 (or a pair of "
+                         f"them), got {block_size!r}")
+    return sizes
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128) -> BlockMask:
+    """Evaluate mask_mod once at all positions, then classify each block as full, partial or empty
+    (Figure 9.3). Positions past Q_LEN or KV_LEN do not count (the template masks them anyway)."""
+    b, h = B or 1, H or 1
+    bq, bkv = _block_sizes(BLOCK_SIZE)
+    qb, kb = -(-Q_LEN // bq), -(-KV_LEN // bkv)
+    keep = _eval_mask(mask_mod, b, h, Q_LEN, KV_LEN)
+    pad = ((0, 0), (0, 0), (0, qb * bq - Q_LEN), (0, kb * bkv - KV_LEN))
+    shape = (b, h, qb, bq, kb, bkv)
+    any_ = np.pad(keep, pad, constant_values=False).reshape(shape).any(axis=(3, 5))
+    all_ = np.pad(keep, pad, constant_values=True).reshape(shape).all(axis=(3, 5))
+    arrays = [*_bcsr(any_ & ~all_), *_bcsr(all_)]
+    tensors = [from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    if device != "cpu":
+        tensors = [t.to(device) for t in tensors]
+    return BlockMask(*tensors, Q_LEN, KV_LEN, (bq, bkv), mask_mod)
+
+
+# ---- §9.10 score_mod and mask_mod: traced, lowered, printed into the template ----
+
+
+class _ModKernel:
+    """What the Triton printer asks of a kernel, for a mod's body: fresh temporaries, the mod's
+    arguments as the template's variables, [1, 1] constants (they broadcast over a block)."""
+
+    def __init__(self, prefix: str, local: dict):
+        self.prefix, self.locals, self.count = prefix, local, 0
+        self.axes, self.constants, self.index64 = [None, None], {}, False
+
+    def new_tmp(self) -> str:
+        self.count += 1
+        return f"{self.prefix}{self.count - 1}"
+
+    def final(self, expr):
+        return expr
+
+
+_MODS: dict = {}             # (fn, is_score, what it reads) -> its ModBody
+
+
+def _reads(fn) -> tuple:
+    """What a mod reads besides its arguments: the globals and closure cells it names, by value
+    for scalars (a changed value must retrace), by identity otherwise."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return (id(fn),)
+    cells = [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]
+    names = [fn.__globals__[n] for n in code.co_names if n in fn.__globals__]
+    return tuple(v if isinstance(v, (bool, int, float, str)) else ("id", id(v)) for v in cells + names)
+
+
+def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
+    """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
+    print its inner_fn with the Triton printer: the lines the template runs per score block."""
+    from .capture import capture
+    from .ir import Pointwise, set_handler
+    from .lower import lower
+    from .printer import Var
+    from .tensor import tensor
+    from .triton_kernel import TritonPrinter
+    names = (["score"] if is_score else []) + ["b", "h", "q_idx", "kv_idx"]
+    args = [tensor(0.5, dtype=float32, device="cpu") if n == "score" else tensor(0, dtype=int32, device="cpu")
+            for n in names]
+    what = "score_mod" if is_score else "mask_mod"
+    graph, _ = capture(fn, args)
+    low = lower(graph, inline_limit=1 << 30)
+    bodies = [x for x in low.buffers if low.outputs and x.name == low.outputs[0]]
+    if len(low.inputs) != len(names) or len(low.outputs) != 1 or len(low.buffers) != 1 \
+            or not bodies or not isinstance(bodies[0], Pointwise) or bodies[0].ranges:
+        raise NotImplementedError(f"{what} must compute one scalar from its arguments with pointwise ops "
+                                  "(no reductions, no tensors read from outside its arguments)")
+    shim = _ModKernel("score_tmp" if is_score else "mask_tmp",
+                      {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)})
+    if language == "cpp":                 # C++: `auto tmpN = ...;` lines, in a scope of their own
+        from .codegen_cpp import CppPrinter
+        printer = CppPrinter(shim, [0])
+    else:
+        printer = TritonPrinter(shim)
+    with set_handler(printer):
+        result = bodies[0].inner_fn([])
+    return ModBody(printer.lines, str(result))
+
+
+def trace_mod(fn, is_score: bool, language: str = "triton") -> ModBody:
+    """trace_mod_uncached, remembered per function, language and the values it reads."""
+    key = (fn, is_score, language, _reads(fn))
+    if key not in _MODS:
+        _MODS[key] = trace_mod_uncached(fn, is_score, language)
+    return _MODS[key]
+
+
+
+def _cpp_forward(q, k, v, spec, block_mask=None):
+    """BACKEND='CPP': the C++ template on contiguous float32 copies (half types widened first)."""
+    from .cache import load_cpp, prelude
+    arrays = [np.ascontiguousarray(_host(t), np.float32) for t in (q, k, v)]
+    blocks = [np.zeros(1, np.int32)] * 4
+    shape = ()
+    if block_mask is not None:
+        blocks = [np.ascontiguousarray(t.cpu()._compute(), np.int32) for t in
+                  (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+                   block_mask.full_kv_indices)]
+        shape = blocks[1].shape
+    src, cdef = cpp_template(spec, shape)
+    if src not in _KERNELS:                  # (load_cpp hashes the compiler's identity each call)
+        _KERNELS[src] = load_cpp(prelude() + src, cdef)
+    ffi, lib = _KERNELS[src]
+    b, h, _, m, _, d = spec.dims
+    out, lse = np.empty((b, h, m, d), np.float32), np.empty((b, h, m), np.float32)
+    lib.stax_attention_cpu(*[ffi.from_buffer("float[]", a) for a in arrays],
+                           *[ffi.from_buffer("int32_t[]", a) for a in blocks],
+                           ffi.from_buffer("float[]", out), ffi.from_buffer("float[]", lse))
+    return _to_tensor(out, q.dtype, "cpu"), _to_tensor(lse, float32, "cpu")
+
+
+# ---- §9.10 omni_attention (Listing 9.7) ----
+
+
+def _check_block_mask(spec, block_mask):
+    b, h, _, m, n, _ = spec.dims
+    if (block_mask.Q_LEN, block_mask.KV_LEN) != (m, n):
+        raise ValueError(f"omni_attention: the block mask covers {block_mask.Q_LEN} x {block_mask.KV_LEN}, "
+                         f"the inputs {m} x {n}; build it with create_block_mask(..., Q_LEN={m}, KV_LEN={n})")
+    bm, hm = block_mask.kv_num_blocks.shape[:2]
+    if bm not in (1, b) or hm not in (1, h):
+        raise ValueError(f"omni_attention: the block mask's B={bm}, H={hm} do not broadcast to B={b}, H={h}")
+
+
+def _sparse_args(spec, block_mask, q) -> list:
+    _check_block_mask(spec, block_mask)
+    arrays = [t if t.device == q.device else t.to(q.device) for t in
+              (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+               block_mask.full_kv_indices)]
+    nb, ind = (as_operand(t._meta.shape if t.ndim == 4 else tuple(t.shape) + (1,),
+                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), t._meta.offset)
+               for t in arrays[:2])
+    spec.sparse = (*block_mask.BLOCK_SIZE, nb, ind)
+    spec.mask_mod = trace_mod(block_mask.mask_mod, False)
+    return arrays
+
+
+def _cpp_omni(q, k, v, spec, score_mod, block_mask):
+    """BACKEND='CPP' for omni_attention: the mods printed by the C++ printer into the template."""
+    if score_mod is not None:
+        spec.score_mod = trace_mod(score_mod, True, "cpp")
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        spec.sparse = (*block_mask.BLOCK_SIZE, None, None)
+        spec.mask_mod = trace_mod(block_mask.mask_mod, False, "cpp")
+    return _cpp_forward(q, k, v, spec, block_mask)
+
+
+def _eager_omni(q, k, v, score_mod, block_mask, scale):
+    """The CPU path: the scores in float64, the mods run eagerly on float64 tensors."""
+    s = attention_scores(_host(q), _host(k), scale)
+    b, h, m, n = s.shape
+    if score_mod is not None:
+        out = score_mod(from_numpy(np.ascontiguousarray(s)), *_index_grids(b, h, m, n))
+        s = np.broadcast_to(out._compute().astype(np.float64), s.shape)
+    if block_mask is not None:
+        s = np.where(_eval_mask(block_mask.mask_mod, b, h, m, n), s, -np.inf)
+    with np.errstate(all="ignore"):
+        o, lse = finish_triple(triple_of(s, _expand_heads(_host(v).astype(np.float64), h)))
+    return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
+
+
+def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None):
+    """Attention with a programmable score: score_mod(score, b, h, q_idx, kv_idx) rewrites each
+    score, the block mask's mask_mod(b, h, q_idx, kv_idx) says which positions count (Listing
+    9.7). q [B, H, M, D], k and v [B, HK, N, D]."""
+    _check_qkv(query, key, value, enable_gqa)
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
+    if current_tracer() is not None:      # the template is itself the compiled kernel
+        current_tracer().graph_break("omni_attention launches its own template kernel")
+    backend = _backend(kernel_options, query.device)
+    if backend != "EAGER":
+        spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query),
+                         query.dtype.name, scale)
+        if spec is None:
+            raise RuntimeError(f"the omni_attention template does not cover q {tuple(query.shape)}, "
+                               f"k {tuple(key.shape)}, {query.dtype.name}; run on the CPU instead")
+        if backend == "CPP":
+            out, lse = _cpp_omni(query, key, value, spec, score_mod, block_mask)
+        else:
+            if score_mod is not None:
+                spec.score_mod = trace_mod(score_mod, True)
+            extra = _sparse_args(spec, block_mask, query) if block_mask is not None else []
+            backend = "TRITON_DECODE" if _default_decode(spec, kernel_options) else backend
+            out, lse = _gpu_forward(query, key, value, spec, extra, backend)
+    else:
+        out, lse = _eager_omni(query, key, value, score_mod, block_mask, scale)
+    return (out, lse) if return_lse else out
+
+
+# ---- §9.10 The backward: P = exp(S - LSE) recomputed, dQ, dK, dV ----
+
+
+def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
+    """float64: the same recomputation as the kernels."""
+    h, hk = q.shape[-3], k.shape[-3]
+    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
+    p = np.exp(s - lse[..., None])
+    kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
+    delta = (do * o).sum(-1, keepdims=True)
+    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dq = ds @ kk * scale
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    dv = np.swapaxes(p, -1, -2) @ do
+    fold = lambda x: x.reshape(x.shape[:-3] + (hk, h // hk) + x.shape[-2:]).sum(-3)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
+                       enable_gqa=False, kernel_options=None, attn_mask=None):
+    """(dQ, dK, dV) of attention_forward's (out, lse), P recomputed as exp(S - LSE) (§9.10):
+    nothing N x N is stored. cuda tensors run two Triton kernels (dK and dV over key blocks, dQ
+    over query blocks), CPU ones float64 numpy. `attn_mask` as in the forward (bool keeps, float
+    adds); no score_mod or block mask here yet."""
+    _check_qkv(query, key, value, enable_gqa)
+    if query.ndim != 4 or key.shape[0] != query.shape[0]:
+        raise RuntimeError("attention_backward: query, key and value must be [B, H, L, E] with one batch size")
+    if tuple(grad_out.shape) != tuple(out.shape) or tuple(lse.shape) != tuple(query.shape[:-1]):
+        raise RuntimeError(f"attention_backward: grad_out {tuple(grad_out.shape)} must match out "
+                           f"{tuple(out.shape)} and lse {tuple(lse.shape)} must be {tuple(query.shape[:-1])}")
+    backend = _backend(kernel_options, query.device)
+    if backend == "TRITON_DECODE":
+        raise ValueError("attention_backward: BACKEND='TRITON_DECODE' has no backward; use 'TRITON'")
+    if backend == "EAGER":
+        grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
+                                is_causal, scale, None if attn_mask is None else _host(attn_mask))
+        return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
+    spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query), query.dtype.name,
+                     scale, is_causal, _operand(attn_mask) if attn_mask is not None else None,
+                     attn_mask.dtype.name if attn_mask is not None else "")
+    if spec is None:
+        raise RuntimeError(f"the backward template does not cover q {tuple(query.shape)}, {query.dtype.name}")
+    bs = BackwardSpec(spec, _operand(out), _operand(grad_out))
+    lse = lse.contiguous() if lse.dtype is float32 else lse.to(float32).contiguous()
+    dq = empty(*query.shape, dtype=query.dtype, device=query.device)
+    dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))
+    ins = [query, key, value, out, grad_out, lse] + ([attn_mask] if attn_mask is not None else [])
+    _run_kernels(backward_templates(bs), [ins + [dk, dv], ins + [dq]])
+    return dq, dk, dv

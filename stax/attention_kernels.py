@@ -1,0 +1,782 @@
+"""§9.10 Attention, the kernel side: the online triple, its eager form, and the flash templates.
+
+Layer: back end (GPU) and bottom at once: it imports nothing of stax, so that op_table.py (the
+eager `sdpa` op), the launcher (triton_heuristics.py: configurations and grid of the kind
+"attention") and the generator (codegen_triton.py) can all read it. The user's API (sdpa,
+omni_attention, block masks, the backward) sits at the top, in attention.py.
+
+Consumes: float64/float32 numpy arrays (the triple, the eager op), or an `AttentionSpec`: the
+layouts of q, k, v (and of an attention mask or a block mask), the dtype, the scale, causality,
+and the printed bodies of a traced `score_mod` / `mask_mod`.
+Produces: the kernel text `triton_tem_fused_attention_N`, decorated
+`@triton_heuristics.attention(...)`; its launch writes the output and the per-row LSE.
+
+The tiled algorithm of Theorem 9.2: one program per BLOCK_M query rows of one (batch, head) keeps
+the online triple (m, ℓ, acc) on chip while it scans K and V in BLOCK_N blocks, so S and P exist
+only as BLOCK_M × BLOCK_N tiles. Exponentials run in base 2 (the scores are multiplied by log2 e
+once), the LSE is written in base e: LSE = m + log ℓ.
+
+Where to look:
+  - `triple_of`, `merge_triples`, `finish_triple` ..... the online triple (m, ℓ, a) and its merge
+  - `sdpa_numpy` ........................................ the eager op (float64 inside)
+  - `AttentionSpec` ..................................... what one template kernel computes
+  - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
+  - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
+  - `cpp_template` ...................................... BACKEND="CPP": the C++ template for the CPU
+  - `backward_templates` ................................ dK/dV and dQ, P = exp(S - LSE) recomputed
+  - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
+  - `attention_template` ................................ the entry: (name, source)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+PTR_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "bool": "*i1",
+             "int32": "*i32", "int64": "*i64"}
+INT32_LIMIT = 2 ** 31
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+# ---- §9.10 The online triple (m, ℓ, a) ----
+
+
+def triple_of(s: np.ndarray, v: np.ndarray) -> tuple:
+    """The triple of one segment of keys: m = max s, ℓ = Σ e^(s - m), a = Σ e^(s - m) v.
+
+    `s` is [..., rows, n] (the scores of the segment), `v` [..., n, d]. An empty or fully masked segment
+    (all -inf) is the identity of the merge: (-inf, 0, 0)."""
+    m = s.max(-1) if s.shape[-1] else np.full(s.shape[:-1], -np.inf)
+    shift = np.where(np.isneginf(m), 0.0, m)        # e^(-inf - -inf) is 0 here, not NaN
+    p = np.exp(s - shift[..., None])
+    return m, p.sum(-1), np.matmul(p, v)
+
+
+def merge_triples(t1: tuple, t2: tuple) -> tuple:
+    """Merge two segments: μ = max(m₁, m₂); ℓ and a both rescale by e^(mᵢ - μ). Associative and
+    commutative (the same argument as Prop. 9.1), so attention splits along the keys like a sum."""
+    (m1, l1, a1), (m2, l2, a2) = t1, t2
+    mu = np.maximum(m1, m2)
+    shift = np.where(np.isneginf(mu), 0.0, mu)
+    e1, e2 = np.exp(m1 - shift), np.exp(m2 - shift)
+    return mu, l1 * e1 + l2 * e2, a1 * e1[..., None] + a2 * e2[..., None]
+
+
+def finish_triple(t: tuple) -> tuple:
+    """(o, LSE) = (a / ℓ, m + log ℓ). A row that saw no key has ℓ = 0: o is NaN, as softmax's."""
+    m, l, a = t
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return a / l[..., None], m + np.log(l)
+
+
+# ---- §9.10 The eager op ----
+
+
+def _expand_heads(k: np.ndarray, heads: int) -> np.ndarray:
+    """GQA: each of k's heads serves heads // k.heads query heads (a repeat along dim -3)."""
+    if k.ndim < 3 or k.shape[-3] == heads:
+        return k
+    return np.repeat(k, heads // k.shape[-3], axis=-3)
+
+
+def attention_scores(q, k, scale=None) -> np.ndarray:
+    """S = scale · q kᵀ in float64 (scale defaults to 1/√d)."""
+    q = np.asarray(q, np.float64)
+    k = _expand_heads(np.asarray(k, np.float64), q.shape[-3] if q.ndim >= 3 else 1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+
+
+def apply_mask(s, attn_mask=None, is_causal=False) -> np.ndarray:
+    """A bool mask keeps where True, a float mask adds; causal keeps kv_idx ≤ q_idx (top left)."""
+    if is_causal:
+        n_q, n_kv = s.shape[-2:]
+        s = np.where(np.tril(np.ones((n_q, n_kv), bool)), s, -np.inf)
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        s = np.where(attn_mask, s, -np.inf) if attn_mask.dtype == bool else s + attn_mask
+    return s
+
+
+def sdpa_lse_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None) -> tuple:
+    """(softmax(S) v, LSE) in float64 through the triple of one segment (every key at once)."""
+    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
+    v = _expand_heads(np.asarray(v, np.float64), s.shape[-3] if s.ndim >= 3 else 1)
+    return finish_triple(triple_of(s, v))
+
+
+def sdpa_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The eager `sdpa` op (op_table): the output only."""
+    with np.errstate(all="ignore"):
+        return sdpa_lse_numpy(q, k, v, attn_mask, is_causal, scale)[0]
+
+
+# ---- §9.10 What one template kernel computes ----
+
+
+@dataclass
+class Operand:
+    """A 4-D strided view: [batch, heads, rows, cols] (size-1 or stride-0 dims broadcast)."""
+    shape: tuple
+    stride: tuple
+    offset: int = 0
+
+    def index(self, b: str, h: str, rows: str, cols: str) -> str:
+        terms = [str(self.offset)] if self.offset else []
+        for i, (var, size, st) in enumerate(zip((b, h, rows, cols), self.shape, self.stride)):
+            if size != 1 and st != 0:
+                terms.append(var if st == 1 else f"{var} * {st}")
+            elif i >= 2 and var != "0":     # a block's rows and cols: still a block of pointers
+                terms.append(f"{var} * 0")
+        return " + ".join(terms) or "0"
+
+    def span(self) -> int:
+        return self.offset + sum((s - 1) * abs(st) for s, st in zip(self.shape, self.stride)) + 1
+
+
+@dataclass
+class ModBody:
+    """A traced score_mod or mask_mod printed as Triton lines: its inputs are the kernel's
+    variables `score`, `b`, `h`, `q_idx`, `kv_idx`; `result` names the value it computes."""
+    lines: list
+    result: str
+
+
+@dataclass
+class AttentionSpec:
+    q: Operand
+    k: Operand
+    v: Operand
+    out: Operand
+    dtype: str                       # float32 | float16 | bfloat16
+    scale: float
+    is_causal: bool = False
+    mask: Operand | None = None      # an attention mask: bool keeps, float adds
+    mask_dtype: str = ""
+    score_mod: ModBody | None = None
+    mask_mod: ModBody | None = None
+    sparse: tuple | None = None      # (SPARSE_Q, SPARSE_KV, num-blocks layout, indices layout)
+    origins: list = field(default_factory=list)
+
+    @property
+    def dims(self) -> tuple:
+        """(B, H, HK, M, N, D)."""
+        (b, h, m, d), (_, hk, n, _) = self.q.shape, self.k.shape
+        return b, h, hk, m, n, d
+
+    @property
+    def big(self) -> bool:
+        return any(x.span() >= INT32_LIMIT for x in (self.q, self.k, self.v, self.out, self.mask) if x)
+
+
+# ---- §9.10 The kernel text ----
+
+
+def _mod_lines(body: ModBody, into: str) -> list:
+    return body.lines + [f"{into} = {body.result}"]
+
+
+def _kv_step(spec: AttentionSpec, partial: bool) -> list:
+    """One K/V block (rn = its key rows): S = QKᵀ, score_mod, the masks, the online update.
+
+    `partial` says whether this block needs masking beyond the sequence end: the causal mask, the
+    attention mask and mask_mod (Figure 9.3: only partial blocks evaluate mask_mod)."""
+    prec = ', input_precision="ieee"' if spec.dtype == "float32" else ""
+    lines = ["rn = start_n + tl.arange(0, BLOCK_N)",
+             f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), "
+             "mask=(rn[None, :] < N) & (rd[:, None] < D), other=0.0)",
+             f"qk = tl.dot(q, kT{prec}, out_dtype=tl.float32)"]
+    keep = ["(rn[None, :] < N)"]
+    if spec.score_mod is not None:
+        lines += [f"score = qk * {spec.scale!r}", "q_idx = rm[:, None]", "kv_idx = rn[None, :]"]
+        lines += _mod_lines(spec.score_mod, "qk") + [f"qk = qk * {LOG2E!r}"]
+    else:
+        lines.append(f"qk = qk * {spec.scale * LOG2E!r}")
+    if partial and spec.is_causal:
+        keep.append("(rm[:, None] >= rn[None, :])")
+    if partial and spec.mask is not None:
+        lines.append(f"am = tl.load(in_ptr3 + ({spec.mask.index('b', 'h', 'rm[:, None]', 'rn[None, :]')}), "
+                     "mask=(rm[:, None] < M) & (rn[None, :] < N), other=0)")
+        if spec.mask_dtype == "bool":
+            keep.append("(am != 0)")
+        else:
+            lines.append(f"qk = qk + am.to(tl.float32) * {LOG2E!r}")
+    if partial and spec.mask_mod is not None:
+        lines += ["q_idx = rm[:, None]", "kv_idx = rn[None, :]"] + _mod_lines(spec.mask_mod, "mm")
+        keep.append("(mm != 0)")
+    lines += [f"qk = tl.where({' & '.join(keep)}, qk, float(\"-inf\"))",
+              "# the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block",
+              "m_new = tl.maximum(m_i, tl.max(qk, 1))",
+              "m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)",
+              "alpha = tl.math.exp2(m_i - m_use)",
+              "p = tl.math.exp2(qk - m_use[:, None])",
+              "l_i = l_i * alpha + tl.sum(p, 1)",
+              f"vb = tl.load(in_ptr2 + ({spec.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+              "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+              f"acc = acc * alpha[:, None] + tl.dot(p.to({TL_DTYPES[spec.dtype]}), vb{prec}, out_dtype=tl.float32)",
+              "m_i = m_new"]
+    return lines
+
+
+def _dense_loop(spec: AttentionSpec) -> list:
+    """Every K/V block. Causal: the blocks left of the diagonal need no causal mask (each key
+    precedes every query of the program), then the diagonal blocks take it; none past them."""
+    if not spec.is_causal or spec.mask is not None:
+        hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if spec.is_causal else "N"
+        return [f"for start_n in range(0, {hi}, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, True)]
+    return (["# the blocks left of the diagonal: no causal mask",
+             "diagonal = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N",
+             "for start_n in range(0, diagonal, BLOCK_N):"] + ["    " + x for x in _kv_step(spec, False)]
+            + ["# the diagonal blocks: the causal mask",
+               "for start_n in range(diagonal, tl.minimum(N, (pid_m + 1) * BLOCK_M), BLOCK_N):"]
+            + ["    " + x for x in _kv_step(spec, True)])
+
+
+def _sparse_loops(spec: AttentionSpec) -> list:
+    """Figure 9.3: the partial blocks of this Q block (with mask_mod), then its full blocks
+    (without); empty blocks are never visited. Each listed block is SPARSE_KV keys, scanned in
+    BLOCK_N pieces."""
+    sq, skv, nb, ind = spec.sparse
+    lines = [f"qb = (pid_m * BLOCK_M) // {sq}"]
+    for label, nb_ptr, ind_ptr, partial in (("partial", "in_ptr4", "in_ptr5", True),
+                                             ("full", "in_ptr6", "in_ptr7", False)):
+        lines += [f"# the {label} blocks of this Q block",
+                  f"n_blocks = tl.load({nb_ptr} + ({nb.index('b', 'h', 'qb', '0')}))",
+                  "for j in range(0, n_blocks):",
+                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', 'j')}))",
+                  f"    for sub in range(0, {skv}, BLOCK_N):",
+                  f"        start_n = kv_block * {skv} + sub"]
+        lines += ["        " + x for x in _kv_step(spec, partial)]
+    return lines
+
+
+def _body(spec: AttentionSpec) -> list:
+    b, h, hk, m, n, d = spec.dims
+    to64 = ".to(tl.int64)" if spec.big else ""
+    lines = [f"M = {m}", f"N = {n}", f"D = {d}",
+             "pid_m = tl.program_id(0)",
+             f"bh = tl.program_id(1){to64}",
+             f"b = bh // {h}", f"h = bh % {h}",
+             f"hk = h // {h // hk}" if h != hk else "hk = h",
+             f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}",
+             f"rd = tl.arange(0, {_next_pow2(max(d, 16))})",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             "# the online triple of each query row: running max (base 2), sum, and output",
+             "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
+             "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
+             f"acc = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)"]
+    lines += _sparse_loops(spec) if spec.sparse else _dense_loop(spec)
+    lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2",
+              "o = acc / l_i[:, None]",
+              f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+              f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
+              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
+    return lines
+
+
+def _signature(spec: AttentionSpec) -> dict:
+    ptr = PTR_TYPES[spec.dtype]
+    sig = {"in_ptr0": ptr, "in_ptr1": ptr, "in_ptr2": ptr}
+    if spec.mask is not None:
+        sig["in_ptr3"] = PTR_TYPES[spec.mask_dtype]
+    if spec.sparse:
+        sig.update({"in_ptr4": "*i32", "in_ptr5": "*i32", "in_ptr6": "*i32", "in_ptr7": "*i32"})
+    sig.update({"out_ptr0": ptr, "out_ptr1": "*fp32"})
+    numel = "i64" if spec.big else "i32"
+    sig.update({k: numel for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")})
+    return sig
+
+
+def launch_numels(spec: AttentionSpec) -> list:
+    """The numel arguments of a launch: B·H, M, N, D and the block mask's block sizes (0: dense);
+    the configurations and the grid read them (D and the sparse blocks bound the BLOCK sizes)."""
+    b, h, _, m, n, d = spec.dims
+    sq, skv = spec.sparse[:2] if spec.sparse else (0, 0)
+    return [b * h, m, n, d, sq, skv]
+
+
+def attention_template(index: int, spec: AttentionSpec) -> tuple:
+    """(kernel name, kernel source). The launch passes q, k, v [, mask] [, the four block-mask
+    arrays], out, lse (float32, [B·H·M]), then `launch_numels(spec)`."""
+    name = f"triton_tem_fused_attention_{index}"
+    sig = _signature(spec)
+    hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in launch_numels(spec))))
+    consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"]
+    what = ", ".join(dict.fromkeys(spec.origins)) or "attention"
+    src = (f"# {name}: computes {what} (flash attention, §9.10)\n"
+           f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
+           f"@triton.jit\n"
+           f"def {name}({', '.join(list(sig) + consts)}):\n"
+           + "\n".join("    " + line for line in _body(spec)) + "\n")
+    return name, src
+
+
+# ---- §9.10 The template from a graph's `sdpa` node (codegen_triton.py) ----
+
+
+def _ints(values):
+    """The values as ints, or None when one is symbolic (a §10 size: no template yet)."""
+    try:
+        return tuple(int(v) for v in values)
+    except TypeError:
+        return None
+
+
+def as_operand(shape, stride, offset=0) -> Operand | None:
+    """A layout of rank ≤ 4 as a 4-D Operand (missing leading dims broadcast), else None."""
+    shape, stride, offset = _ints(shape), _ints(stride), _ints([offset])
+    if shape is None or stride is None or offset is None or len(shape) > 4:
+        return None
+    pad = 4 - len(shape)
+    return Operand((1,) * pad + shape, (0,) * pad + stride, offset[0])
+
+
+def _extern_operand(x, lowered) -> tuple:
+    """(buffer name, dtype name, Operand or None) of an extern kernel's tensor input."""
+    if isinstance(x, str):
+        buf = lowered.buffer(x)
+        return x, buf.dtype.name, as_operand(buf.layout.shape, buf.layout.stride, buf.layout.offset)
+    buf = lowered.buffer(x.buffer)
+    return x.buffer, buf.dtype.name, as_operand(x.layout.shape, x.layout.stride, x.layout.offset)
+
+
+def make_spec(q, k, v, out, dtype, scale=None, is_causal=False, mask=None, mask_dtype="",
+              origins=()) -> AttentionSpec | None:
+    """The spec of a template for these Operands, or None when the template cannot run them
+    (shapes it does not cover: the eager op runs instead, never a wrong answer)."""
+    if dtype not in TL_DTYPES or None in (q, k, v, out) or (mask_dtype and mask is None):
+        return None
+    (b, h, m, d), (bk, hk, n, dk) = q.shape, k.shape
+    if (dk != d or v.shape != k.shape or out.shape != q.shape or bk not in (1, b) or hk == 0
+            or h % hk or d > 256 or b * h > 65535 or b * h == 0 or m == 0):
+        return None
+    if mask is not None and any(s not in (1, full) for s, full in zip(mask.shape, (b, h, m, n))):
+        return None
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return AttentionSpec(q, k, v, out, dtype, scale, bool(is_causal), mask, mask_dtype,
+                         origins=list(origins))
+
+
+def extern_spec(e, lowered) -> tuple:
+    """(AttentionSpec or None, the names of the buffers the launch reads) of an `sdpa` node."""
+    if e.op != "sdpa" or not e.inputs or not all(hasattr(x, "buffer") or isinstance(x, str)
+                                                 for x in e.inputs):
+        return None, []
+    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    names, dtypes = [o[0] for o in ops], [o[1] for o in ops]
+    if len(set(dtypes[:3])) != 1 or dtypes[0] != e.dtype.name:
+        return None, names
+    out = as_operand(e.layout.shape, e.layout.stride, 0)
+    mask, mask_dtype = (ops[3][2], dtypes[3]) if len(ops) == 4 else (None, "")
+    if mask_dtype and mask_dtype not in ("bool",) + tuple(TL_DTYPES):
+        return None, names
+    spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, e.dtype.name, e.params.get("scale"),
+                     e.params.get("is_causal", False), mask, mask_dtype, e.origins)
+    return spec, names
+
+
+# ---- §9.10 The decode template: very short queries, the keys split (the triple's merge) ----
+
+DECODE_MAX_QUERIES = 64
+DECODE_CHUNK_ALIGN = 128        # a split's keys are a multiple of every BLOCK_N candidate
+
+
+def decode_splits(n: int, programs_wanted: int) -> tuple:
+    """(splits, keys per split): enough splits that B·H·splits programs fill the GPU, each split
+    at least DECODE_CHUNK_ALIGN keys."""
+    chunk = max(DECODE_CHUNK_ALIGN, -(-n // max(1, programs_wanted)))
+    chunk = -(-chunk // DECODE_CHUNK_ALIGN) * DECODE_CHUNK_ALIGN
+    return -(-n // chunk), chunk
+
+
+def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
+    b, h, hk, m, n, d = spec.dims
+    rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
+    lines = [f"M = {m}", f"N = {n}", f"D = {d}", "split = tl.program_id(0)", "bh = tl.program_id(1)",
+             f"b = bh // {h}", f"h = bh % {h}", f"hk = h // {h // hk}" if h != hk else "hk = h",
+             f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             f"m_i = tl.full([{rows}], float(\"-inf\"), tl.float32)",
+             f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
+             f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
+             "# this program's split of the keys: its own triple, merged by the second kernel",
+             f"for start_n in range(split * {chunk}, tl.minimum(N, (split + 1) * {chunk}), BLOCK_N):"]
+    lines += ["    " + x for x in _kv_step(spec, True)]
+    lines += [f"base = (bh * {splits} + split) * {rows}",
+              "tl.store(out_ptr0 + (base + rm), m_i)", "tl.store(out_ptr1 + (base + rm), l_i)",
+              f"tl.store(out_ptr2 + ((base + rm[:, None]) * {dp} + rd[None, :]), acc)"]
+    return lines
+
+
+def _decode_merge_body(spec: AttentionSpec, splits: int) -> list:
+    b, h, hk, m, n, d = spec.dims
+    rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
+    return [f"M = {m}", f"D = {d}", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
+            f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
+            f"mu = tl.full([{rows}], float(\"-inf\"), tl.float32)",
+            f"for s in range(0, {splits}):",
+            f"    mu = tl.maximum(mu, tl.load(in_ptr0 + ((bh * {splits} + s) * {rows} + rm)))",
+            "mu_use = tl.where(mu == float(\"-inf\"), 0.0, mu)",
+            f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
+            f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
+            "# merge the splits' triples: each rescaled by 2^(m_s - mu)",
+            f"for s in range(0, {splits}):",
+            f"    base = (bh * {splits} + s) * {rows}",
+            "    w = tl.math.exp2(tl.load(in_ptr0 + (base + rm)) - mu_use)",
+            "    l_i += tl.load(in_ptr1 + (base + rm)) * w",
+            f"    acc += tl.load(in_ptr2 + ((base + rm[:, None]) * {dp} + rd[None, :])) * w[:, None]",
+            "o = acc / l_i[:, None]",
+            f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
+            f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
+            f"tl.store(out_ptr1 + (bh * M + rm), (mu + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
+
+
+def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
+    """[(name, source, numels)]: the split kernel (q, k, v [, mask] -> the splits' m, l, acc in
+    float32 scratch) and the merge kernel (scratch -> out, lse)."""
+    b, h, _, m, _, d = spec.dims
+    ptr = PTR_TYPES[spec.dtype]
+    numel_sig = {k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
+    split_sig = {"in_ptr0": ptr, "in_ptr1": ptr, "in_ptr2": ptr}
+    if spec.mask is not None:
+        split_sig["in_ptr3"] = PTR_TYPES[spec.mask_dtype]
+    split_sig.update({"out_ptr0": "*fp32", "out_ptr1": "*fp32", "out_ptr2": "*fp32"})
+    merge_sig = {"in_ptr0": "*fp32", "in_ptr1": "*fp32", "in_ptr2": "*fp32", "out_ptr0": ptr, "out_ptr1": "*fp32"}
+    out = []
+    for kind, body, sig, numels in (
+            ("split", _decode_split_body(spec, splits, chunk), split_sig, [b * h, splits, chunk, d, 0, 0]),
+            ("merge", _decode_merge_body(spec, splits), merge_sig, [b * h, 1, splits, d, 0, 0])):
+        name = f"triton_tem_fused_attention_decode_{kind}"
+        sig = sig | numel_sig
+        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+        src = (f"# {name}: decode attention (§9.10), the keys split in {splits}, triples merged\n"
+               f"@triton_heuristics.attention_decode(size_hints={hints!r}, signature={sig!r})\n"
+               f"@triton.jit\n"
+               f"def {name}({', '.join(list(sig) + ['BLOCK_N : tl.constexpr'])}):\n"
+               + "\n".join("    " + line for line in body) + "\n")
+        out.append((name, src, numels))
+    return out
+
+
+# ---- §9.10 The C++ template (BACKEND="CPP"): the same triple, one query row per iteration ----
+
+_CPP_ROW = """
+extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
+                       const int32_t* ind, const int32_t* fnb, const int32_t* find, float* out, float* lse) {{
+    // {what}: a tile of QT query rows of one (batch, head) keeps its triples (m, l, acc) while it
+    // scans the keys in blocks of KB: each key row is read once for the whole tile
+    constexpr int64_t QT = 16, KB = {kblock};
+    const int64_t tiles = ({m} + QT - 1) / QT;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < {bh}; ++bh) {{
+        for (int64_t t = 0; t < tiles; ++t) {{
+            const int64_t b = bh / {h}, h = bh % {h}, hk = h / {groups};
+            const int64_t i0 = t * QT, i1 = std::min<int64_t>({m}, i0 + QT), rows = i1 - i0;
+            const float* qt = q + (bh * {m} + i0) * {d};
+            const float* kh = k + (b * {hk} + hk) * {n} * {d};
+            const float* vh = v + (b * {hk} + hk) * {n} * {d};
+            float m_i[QT], l_i[QT], acc[QT][{d}], sc[QT][KB], qT[{d}][QT];
+            for (int64_t r = 0; r < QT; ++r) {{
+                m_i[r] = -INFINITY;
+                l_i[r] = 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) acc[r][c] = 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[r * {d} + c] : 0.0f;
+            }}
+            auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
+                (void)partial;
+                for (int64_t j0 = lo; j0 < hi; j0 += KB) {{
+                    const int64_t j1 = std::min<int64_t>(hi, j0 + KB);
+                    for (int64_t j = j0; j < j1; ++j) {{
+                        const float* kj = kh + j * {d};
+                        float dots[QT] = {{0}};          // the tile's rows in the vector lanes
+                        for (int64_t c = 0; c < {d}; ++c) {{
+                            const float kc = kj[c];
+                            for (int64_t r = 0; r < QT; ++r) dots[r] += qT[c][r] * kc;
+                        }}
+                        for (int64_t r = 0; r < rows; ++r) {{
+                            const int64_t i = i0 + r, q_idx = i, kv_idx = j;
+                            (void)q_idx, (void)kv_idx;
+                            float s = dots[r] * {scale}f;
+{score_mod}
+{mask}
+                            sc[r][j - j0] = s;
+                        }}
+                    }}
+                    for (int64_t r = 0; r < rows; ++r) {{
+                        float bmax = -INFINITY;
+                        for (int64_t j = 0; j < j1 - j0; ++j) bmax = sc[r][j] > bmax ? sc[r][j] : bmax;
+                        if (bmax == -INFINITY) {{      // nothing kept here (a NaN score still counts)
+                            for (int64_t j = 0; j < j1 - j0; ++j) {{
+                                sc[r][j] = sc[r][j] != sc[r][j] ? sc[r][j] : 0.0f;
+                                l_i[r] += sc[r][j];
+                            }}
+                            continue;
+                        }}
+                        const float m_new = m_i[r] > bmax ? m_i[r] : bmax;
+                        const float alpha = stax_exp(m_i[r] - m_new);
+                        l_i[r] *= alpha;
+                        for (int64_t c = 0; c < {d}; ++c) acc[r][c] *= alpha;
+                        for (int64_t j = 0; j < j1 - j0; ++j) sc[r][j] = stax_exp(sc[r][j] - m_new);
+                        for (int64_t j = 0; j < j1 - j0; ++j) l_i[r] += sc[r][j];
+                        m_i[r] = m_new;
+                    }}
+                    for (int64_t j = j0; j < j1; ++j) {{
+                        const float* vj = vh + j * {d};
+                        for (int64_t r = 0; r < rows; ++r) {{
+                            const float p = sc[r][j - j0];
+                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[c];
+                        }}
+                    }}
+                }}
+            }};
+{loops}
+            for (int64_t r = 0; r < rows; ++r) {{
+                float* oi = out + (bh * {m} + i0 + r) * {d};
+                for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[r][c] / l_i[r];
+                lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
+            }}
+        }}
+    }}
+}}
+"""
+
+
+def _cpp_block(body, target: str, indent: str) -> str:
+    """A mod's printed C++ lines in a scope of their own, its result assigned to `target`."""
+    if body is None:
+        return ""
+    lines = [f"{indent}{{", *(f"{indent}    {x}" for x in body.lines),
+             f"{indent}    {target} = {body.result};", f"{indent}}}"]
+    return "\n".join(lines)
+
+
+def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
+    """(C++ text, cffi declaration) of the CPU template for `spec` on contiguous float32 q, k, v.
+    The mods are ModBody lines printed by the C++ printer; `block_shape` is (Bm, Hm, QB, KB) of a
+    block mask (its arrays contiguous int32), empty for none."""
+    b, h, hk, m, n, d = spec.dims
+    name = "stax_attention_cpu"
+    ind = "    " * 7
+    mask = ""
+    if spec.is_causal:
+        mask += f"{ind}if (j > i) s = -INFINITY;\n"
+    if spec.mask_mod is not None:
+        mask += f"{ind}if (partial) {{\n{ind}    bool keep = true;\n{_cpp_block(spec.mask_mod, 'keep', ind + '    ')}\n" \
+                f"{ind}    if (!keep) s = -INFINITY;\n{ind}}}\n"
+    score = ""
+    if spec.score_mod is not None:
+        score = f"{ind}{{\n{ind}    const float score = s;\n" \
+                f"{_cpp_block(spec.score_mod, 's', ind + '    ')}\n{ind}}}"
+    pre = "            "
+    if block_shape:
+        bm, hm, qb, kb = block_shape
+        bq, bkv = spec.sparse[:2]
+        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i0 / {bq})"
+        loops = "\n".join(
+            f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
+            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + u] * {bkv};\n"
+            f"{pre}    visit(j0, std::min<int64_t>({n}, j0 + {bkv}), {part});\n{pre}}}"
+            for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")))
+    else:
+        hi = f"std::min<int64_t>({n}, i1)" if spec.is_causal else str(n)
+        loops = f"{pre}visit(0, {hi}, true);"
+    text = _CPP_ROW.format(name=name, what=", ".join(spec.origins) or "attention", kblock=64, bh=b * h,
+                           m=m, n=n, d=d, h=h, hk=hk, groups=h // hk, scale=repr(float(spec.scale)),
+                           score_mod=score, mask=mask.rstrip("\n"), loops=loops)
+    cdef = (f"void {name}(const float* q, const float* k, const float* v, const int32_t* nb, const int32_t* ind, "
+            "const int32_t* fnb, const int32_t* find, float* out, float* lse);")
+    return "#include <algorithm>\n#include <cmath>\n" + text, cdef
+
+
+# ---- §9.10 The backward: P recomputed from the LSE, no N x N buffer ----
+
+
+@dataclass
+class BackwardSpec:
+    """The forward's operands plus o, dO (like q) and the LSE [B·H·M] (float32)."""
+    fwd: AttentionSpec
+    o: Operand
+    do: Operand
+
+
+def _bwd_head(spec: AttentionSpec) -> list:
+    b, h, hk, m, n, d = spec.dims
+    return [f"M = {m}", f"N = {n}", f"D = {d}", f"rd = tl.arange(0, {_next_pow2(max(d, 16))})"]
+
+
+def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+    """The attention mask in a backward tile: (lines, extra keep term); a float mask adds to `var`."""
+    if s.mask is None:
+        return [], ""
+    load = (f"{indent}am = tl.load(in_ptr6 + ({s.mask.index('b', 'h', rows, cols)}), "
+            f"mask=({rows} < M) & ({cols} < N), other=0)")
+    if s.mask_dtype == "bool":
+        return [load], " & (am != 0)"
+    return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
+
+
+def _dkdv_body(bs: BackwardSpec) -> list:
+    """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
+    and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
+    dK += dS^T q (delta = rowsum(dO * o), recomputed per block)."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
+    dt = TL_DTYPES[s.dtype]
+    lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
+    keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
+    qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
+    mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    return _bwd_head(s) + [
+        "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
+        "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
+        "rn = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"kb = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+        f"vb = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
+        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
+        f"dk = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"dv = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"for g in range(0, {h // hk}):",
+        f"    h = hk * {h // hk} + g",
+        f"    for start_m in range({lo}, M, BLOCK_N):",
+        "        rm = start_m + tl.arange(0, BLOCK_N)",
+        "        row = (rm[:, None] < M) & (rd[None, :] < D)",
+        f"        qb = tl.load(in_ptr0 + ({qi}), mask=row, other=0.0)",
+        f"        ob = tl.load(in_ptr3 + ({oi}), mask=row, other=0.0).to(tl.float32)",
+        f"        dob = tl.load(in_ptr4 + ({doi}), mask=row, other=0.0)",
+        f"        lse = tl.load(in_ptr5 + ((b * {h} + h) * M + rm), mask=rm < M, other=0.0)",
+        "        delta = tl.sum(dob.to(tl.float32) * ob, 1)",
+        f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32) * {s.scale!r}",
+        *mask_lines,
+        f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
+        f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
+        f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
+        "        dsT = pT * (dpT - delta[None, :])",
+        f"        dk += tl.dot(dsT.to({dt}), qb{prec}, out_dtype=tl.float32)",
+        "out = (rn[:, None] < N) & (rd[None, :] < D)",
+        f"tl.store(out_ptr0 + (bh * N * D + rn[:, None] * D + rd[None, :]), (dk * {s.scale!r}).to({dt}), out)",
+        f"tl.store(out_ptr1 + (bh * N * D + rn[:, None] * D + rd[None, :]), dv.to({dt}), out)"]
+
+
+def _dq_body(bs: BackwardSpec) -> list:
+    """One program per BLOCK_M queries: dQ = Σ_blocks dS K, dS = P (dP - delta), P recomputed."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
+    dt = TL_DTYPES[s.dtype]
+    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
+    keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
+    row = "(rm[:, None] < M) & (rd[None, :] < D)"
+    mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    return _bwd_head(s) + [
+        "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
+        f"hk = h // {h // hk}",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"qb = tl.load(in_ptr0 + ({s.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        f"ob = tl.load(in_ptr3 + ({bs.o.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        f"dob = tl.load(in_ptr4 + ({bs.do.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
+        "lse = tl.load(in_ptr5 + (bh * M + rm), mask=rm < M, other=0.0)",
+        "delta = tl.sum(dob.to(tl.float32) * ob.to(tl.float32), 1)",
+        f"dq = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
+        f"for start_n in range(0, {hi}, BLOCK_N):",
+        "    rn = start_n + tl.arange(0, BLOCK_N)",
+        "    col = (rn[None, :] < N) & (rd[:, None] < D)",
+        f"    kT = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
+        f"    vT = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
+        f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32) * {s.scale!r}",
+        *mask_lines,
+        f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
+        f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
+        "    ds = p * (dp - delta[:, None])",
+        f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
+        f"tl.store(out_ptr0 + (bh * M * D + rm[:, None] * D + rd[None, :]), (dq * {s.scale!r}).to({dt}), {row})"]
+
+
+def backward_templates(bs: BackwardSpec) -> list:
+    """[(name, source, numels)] of the two backward kernels: dK and dV over key blocks, then dQ
+    over query blocks. Both take q, k, v, o, dO, LSE; dK, dV (and dQ) come out contiguous."""
+    s = bs.fwd
+    b, h, hk, m, n, d = s.dims
+    ptr = PTR_TYPES[s.dtype]
+    ins = {f"in_ptr{i}": ptr for i in range(5)} | {"in_ptr5": "*fp32"}
+    if s.mask is not None:
+        ins["in_ptr6"] = PTR_TYPES[s.mask_dtype]
+    out = []
+    for kind, body, outs, numels in (("dkdv", _dkdv_body(bs), 2, [b * hk, n, m, d, 0, 0]),
+                                     ("dq", _dq_body(bs), 1, [b * h, m, n, d, 0, 0])):
+        name = f"triton_tem_fused_attention_bwd_{kind}"
+        sig = ins | {f"out_ptr{i}": ptr for i in range(outs)} | {
+            k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
+        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+        src = (f"# {name}: the attention backward (§9.10), P = exp(S - LSE) recomputed per block\n"
+               f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
+               f"@triton.jit\n"
+               f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
+               + "\n".join("    " + line for line in body) + "\n")
+        out.append((name, src, numels))
+    return out
+
+
+# ---- §9.6 Launch configurations and the grid ----
+
+
+def decode_configs() -> list:
+    """The split-KV decode kernels: every query row in one block (a literal of the text), so only
+    the key block is chosen; no BLOCK_M, so the grid is one program per split."""
+    return [{"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (32, 4, 3))]
+
+
+def attention_configs(numels: dict, kind: str = "attention") -> list:
+    """Candidates (BLOCK_M, BLOCK_N, warps, stages), clamped to the sizes, BLOCK_M/BLOCK_N at most
+    the block mask's blocks; the first is the default. Head dim 128 keeps BLOCK_N at 64 or less
+    (the K and V tiles and the accumulator share the registers)."""
+    if kind == "attention_decode":
+        return decode_configs()
+    m, n, d = (int(numels.get(f"{p}numel", 1)) for p in "mnd")
+    sq, skv = int(numels.get("sqnumel", 0)), int(numels.get("skvnumel", 0))
+    cap_m, cap_n = max(16, _next_pow2(m)), max(16, _next_pow2(n))
+    if sq:
+        cap_m, cap_n = min(cap_m, sq), min(cap_n, skv)
+    wide = d > 64
+    table = (((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3))
+             if wide else
+             ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
+              (128, 64, 8, 4)))
+    out = []
+    for bm, bn, warps, stages in table:
+        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": warps,
+               "num_stages": stages}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def attention_tuning_space(start: dict, numels: dict) -> dict:
+    """Definition 9.2's Π for mode="max-autotune"; block sizes never pass the block mask's."""
+    sq, skv = int(numels.get("sqnumel", 0)) or 128, int(numels.get("skvnumel", 0)) or 128
+    if "BLOCK_M" not in start:               # the decode kernels: the key block only
+        return {"BLOCK_N": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+    space = {"BLOCK_M": [b for b in (16, 32, 64, 128) if b <= sq],
+             "BLOCK_N": [b for b in (16, 32, 64, 128) if b <= skv],
+             "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+    for name, value in start.items():
+        if value not in space[name]:
+            space[name] = sorted(space[name] + [value])
+    return space
+
+
+def attention_grid(numels: dict, cfg: dict) -> tuple:
+    """One program per BLOCK_M query rows along program_id(0), one per (batch, head) along (1)."""
+    return (-(-int(numels["mnumel"]) // cfg.get("BLOCK_M", 1)), int(numels["bnumel"]), 1)
