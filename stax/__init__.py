@@ -363,7 +363,7 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
                           outer_split_policy=getattr(backend, "outer_split_policy", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
-    sched = schedule.schedule(lowered)
+    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None))
     sched_text = schedule.format_schedule(sched)
     _log("schedule", name, sched_text)
     module = backend.generate(sched)

@@ -31,7 +31,7 @@ from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import outer_applies, outer_reduction_kernel
 from .triton_reduction import reduction_kernel
-from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, pysize, wrapper_launches,
+from .wrapper import (extern_call, pydtype, pyint, pylit, pyname, pyshape, pysize, wrapper_launches,
                       wrapper_prologue)
 
 # ---- §6.1 Alg. 6.1 on the GPU ----
@@ -171,13 +171,19 @@ def generate(sched) -> TritonModule:
 
     for g in sched.groups:
         call, new = [], set()
-        if g.kind == "extern" and template_applies(g.nodes[0], low):
-            e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
-            name, src, operands, numels = mm_template(index, e, low)
-            call.append(_alloc(e.name, e.layout, e.dtype))
-            new.add(e.name)
-            launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
-            index += 1
+        if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
+            launches, scratch = mm_template(index, g, sched)
+            call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
+                     for s, (n, d) in scratch.items()]
+            for t in launches:
+                fresh = [p for p in t.params if p not in allocated | new | set(scratch)]
+                call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
+                new |= set(fresh)
+                launch(call, {t.name: t.source}, t.name,
+                       [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
+                index += 1
+            if scratch:
+                call.append(f"del {', '.join(pyname(s) for s in scratch)}")
         elif g.kind == "extern":
             e = g.nodes[0]
             call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}")
