@@ -39,6 +39,8 @@ from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tenso
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
+from . import template_tuning as _tuning
+from .template_tuning import get_float32_matmul_precision, set_float32_matmul_precision  # noqa: F401
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -380,8 +382,8 @@ def _target(device: str) -> str:
         from . import cuda
         if cuda.is_available():
             p = cuda.get_device_properties()
-            return f"sm={p.sm_count},cc={p.cc}"
-        return "sm=132,cc=(9, 0)"
+            return f"sm={p.sm_count},cc={p.cc},mm={_tuning._precision[0]}"
+        return f"sm=132,cc=(9, 0),mm={_tuning._precision[0]}"
     return f"threads={get_num_threads()}"
 
 
@@ -419,6 +421,7 @@ class CompiledFunction:
         self.last_generated = None
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
         self._lock = threading.RLock()
+        self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
@@ -438,6 +441,8 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
+        if _tuning._precision[0] is not self._precision:
+            self._precision_changed()
         if self.reads is None:
             with self._lock:
                 if self.reads is None:
@@ -453,6 +458,16 @@ class CompiledFunction:
                 with self._lock:
                     entry, key, lifted = self._compile(key, args, kwargs, lifted)
         return self._run(entry, args, kwargs, lifted, alias)
+
+    def _precision_changed(self):
+        """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
+        with self._lock:
+            _log("recompiles", getattr(self.fn, "__name__", "fn"),
+                 f"float32 matmul precision changed from {self._precision!r} to {_tuning._precision[0]!r}")
+            self.artifacts.clear()
+            self.constants.clear()
+            self.guarded.clear()
+            self._precision = _tuning._precision[0]
 
     def _run(self, entry, args, kwargs, lifted, alias):
         if entry is None:

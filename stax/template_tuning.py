@@ -40,7 +40,7 @@ def set_float32_matmul_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"float32 matmul precision must be one of {sorted(PRECISIONS)}, "
                          f"not {precision!r}")
-    _precision[0] = precision
+    _precision[0] = next(p for p in PRECISIONS if p == precision)   # the one str object (cheap `is` test)
 
 
 def get_float32_matmul_precision() -> str:

@@ -493,7 +493,7 @@ class CachingAutotuner:
 
     def compile_for(self, cc: int = 90, cfg: Config | None = None):
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
-        numels = {f"{p}numel": n for p, n in self.size_hints.items()}
+        numels = {**{f"{p}numel": n for p, n in self.size_hints.items()}, **self.meta}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         return cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
