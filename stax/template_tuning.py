@@ -25,7 +25,7 @@ GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ on
 SMEM_BUDGET = 227 * 1024      # bytes of shared memory one block may use on an H100/H200 (sm_90)
 SPLIT_K_RATIO = 128           # §9.8: split K when k ≥ 128·max(m, n)
 SPLIT_K_MIN_PIECE = 256       # each split multiplies at least this much of K
-SPLIT_K_MAX = 64              # the partials' sum stays one persistent reduction
+SPLIT_K_MAX = 128             # bounds the partials' traffic: s × m × n float32 written and read
 PRECISIONS = {"highest": "ieee", "high": "tf32", "medium": "tf32"}
 _precision = ["highest"]      # PyTorch's default: float32 matmuls in IEEE float32
 
@@ -93,7 +93,8 @@ def split_k_applies(m: int, n: int, k: int) -> bool:
 
 def split_k_factor(m: int, n: int, k: int, batch: int, sm_count: int) -> int:
     """s: enough programs for every SM (one per 64 × 64 output block), each split at least
-    SPLIT_K_MIN_PIECE of K, at most SPLIT_K_MAX; 1 when the criterion does not hold."""
+    SPLIT_K_MIN_PIECE of K, at most SPLIT_K_MAX; 1 when the criterion does not hold. It is fixed
+    when the code is generated (the partials' buffer is sized for it), not tuned."""
     if not split_k_applies(m, n, k):
         return 1
     tiles = math.ceil(m / 64) * math.ceil(n / 64) * batch
