@@ -123,6 +123,8 @@ def template_configs(numels: dict) -> list:
                "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
         if split > 1:
             cfg["SPLIT_K"] = split
+        if "NUM_SMS" in numels:           # the persistent template: its grid is one program per SM
+            cfg["NUM_SMS"] = int(numels["NUM_SMS"])
         if cfg not in out and fits_shared_memory(cfg, itemsize):
             out.append(cfg)
     return out
@@ -134,8 +136,9 @@ def template_tuning_space(start: dict) -> dict:
     space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
              "BLOCK_K": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
              "GROUP_M": [GROUP_M]}
-    if "SPLIT_K" in start:
-        space["SPLIT_K"] = [start["SPLIT_K"]]
+    for fixed in ("SPLIT_K", "NUM_SMS"):
+        if fixed in start:
+            space[fixed] = [start[fixed]]
     for name, value in start.items():
         if value not in space[name]:
             space[name] = sorted(space[name] + [value])
@@ -144,8 +147,10 @@ def template_tuning_space(start: dict) -> dict:
 
 def template_grid(numels: dict, cfg: dict) -> tuple:
     """One program per BLOCK_M × BLOCK_N output block along program_id(0), batches along (1), the
-    SPLIT_K pieces of K along (2)."""
+    SPLIT_K pieces of K along (2); the persistent template: min(tiles, NUM_SMS) programs."""
     def cdiv(a, b):
         return -(-int(a) // b)
-    return (cdiv(numels["mnumel"], cfg["BLOCK_M"]) * cdiv(numels["nnumel"], cfg["BLOCK_N"]),
-            int(numels["bnumel"]), cfg.get("SPLIT_K", 1))
+    tiles = cdiv(numels["mnumel"], cfg["BLOCK_M"]) * cdiv(numels["nnumel"], cfg["BLOCK_N"])
+    if "NUM_SMS" in cfg:              # persistent: each program loops over tiles NUM_SMS apart
+        return (min(tiles, cfg["NUM_SMS"]), 1, 1)
+    return (tiles, int(numels["bnumel"]), cfg.get("SPLIT_K", 1))

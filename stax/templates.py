@@ -65,6 +65,7 @@ class TemplateLaunch:
     source: str
     params: list
     numels: list
+    alternative: object = None       # a TemplateLaunch that competes with this one (Alg. 9.1)
 
 
 # ---- §9.8 The epilogue hook: pointwise nodes printed inside a template ----
@@ -325,6 +326,87 @@ def _split_k_sum(index: int, group, sched, split: int) -> TemplateLaunch:
     return TemplateLaunch(name, src, params, [numel])
 
 
+# ---- §9.8 The persistent TMA template (Hopper) ----
+
+_PERSISTENT_BODY = """\
+M = {M}
+N = {N}
+K = {K}
+# §9.8 persistent TMA: one program per SM loops over the output tiles, numbered in groups of
+# GROUP_M row blocks (Prop. 9.4); the operands arrive through tensor descriptors (Hopper's TMA),
+# which fill the blocks past M, N and K with zeros
+grid_m = (M + BLOCK_M - 1) // BLOCK_M
+grid_n = (N + BLOCK_N - 1) // BLOCK_N
+width = GROUP_M * grid_n
+A_desc = {a_desc}
+B_desc = {b_desc}
+for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS):
+    group_id = tile // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (tile % group_size)
+    pid_n = (tile % width) // group_size
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = {a_load}
+        b = {b_load}
+        acc = tl.dot(a, b, acc{precision}, out_dtype=tl.float32)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    xmask = (rm[:, None] < M) & (rn[None, :] < N)"""
+
+
+def _descriptor(ptr: str, layout, size: int, rows: int, cols: int, block: tuple, at: tuple) -> tuple | None:
+    """(descriptor, load offsets, ".T" or "") of one [rows, cols] operand read through TMA: row-major as it is, a
+    column-major one (`w.t()`) as its [cols, rows] transpose loaded and `.T`-ed; None when TMA
+    cannot read it (no unit stride, or a start or row stride not a multiple of 16 bytes)."""
+    st, off = [int(x) for x in layout.stride[-2:]], int(layout.offset)
+    base = f"{ptr} + {off}" if off else ptr
+    if (off * size) % 16:
+        return None
+    if st[1] == 1 and (st[0] * size) % 16 == 0 and st[0] >= cols:
+        return (f"tl.make_tensor_descriptor({base}, shape=[{rows}, {cols}], strides=[{st[0]}, 1], "
+                f"block_shape=[{block[0]}, {block[1]}])", "[{}, {}]".format(*at), "")
+    if st[0] == 1 and (st[1] * size) % 16 == 0 and st[1] >= rows:
+        return (f"tl.make_tensor_descriptor({base}, shape=[{cols}, {rows}], strides=[{st[1]}, 1], "
+                f"block_shape=[{block[1]}, {block[0]}])", "[{}, {}]".format(*at[::-1]), ".T")
+    return None
+
+
+def _persistent_tma_kernel(index: int, group, sched) -> TemplateLaunch | None:
+    """`triton_persistent_tma_mm`: the same product and epilogue, one program per SM (None when
+    an operand cannot be read through TMA, or there are batches)."""
+    low, e = sched.lowered, group.nodes[0]
+    (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
+    shape = tuple(int(s) for s in e.layout.shape)
+    (m, n), kk = shape[-2:], int(a.shape[-1])
+    if math.prod(shape[:-2]) != 1 or _needs_64(a, b, e.layout) or current_target().cc < 90:
+        return None
+    k = TemplateKernel(index, group, sched, "[BLOCK_M, BLOCK_N]")
+    a_ptr, b_ptr = k.arg(a_name, read=True), k.arg(b_name, read=True)
+    size = e.dtype.itemsize
+    ad = _descriptor(a_ptr, a, size, m, kk, ("BLOCK_M", "BLOCK_K"), ("pid_m * BLOCK_M", "k"))
+    bd = _descriptor(b_ptr, b, size, kk, n, ("BLOCK_K", "BLOCK_N"), ("k", "pid_n * BLOCK_N"))
+    if ad is None or bd is None:
+        return None
+    body = _PERSISTENT_BODY.format(
+        M=m, N=n, K=kk, a_desc=ad[0], b_desc=bd[0], a_load=f"A_desc.load({ad[1]}){ad[2]}",
+        b_load=f"B_desc.load({bd[1]}){bd[2]}",
+        precision=f', input_precision="{input_precision()}"' if e.dtype.name == "float32" else "")
+    acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
+    k.partial_block = m == 1 or n == 1
+    epilogue = fuse_epilogue(k, group.nodes[1:], _output_dims(shape, "rm[:, None]", "rn[None, :]"), {e.name: acc})
+    name = f"triton_persistent_tma_mm_{index}"
+    hints = {"b": 1, "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(kk)}
+    meta = {"itemsize": size, "tuning_key": _tuning_key(e, a, b, 1) + " persistent",
+            "NUM_SMS": current_target().sm_count, "tma": True}
+    consts = [f"{c} : tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "NUM_SMS")]
+    src, params = finish_template(
+        k, name, body.split("\n") + ["    " + line for line in epilogue],
+        {v: "i32" for v in ("bnumel", "mnumel", "nnumel", "knumel")}, consts,
+        f"template(size_hints={hints!r}, meta={meta!r})")
+    return TemplateLaunch(name, src, params, [1, m, n, kk])
+
+
 def mm_template(index: int, group, sched) -> tuple:
     """A template group's launches, in order, and its scratch buffers ({name: (numel, dtype)}):
     one kernel with the epilogue fused, or under split-K the partials' kernel and their sum."""
@@ -334,6 +416,8 @@ def mm_template(index: int, group, sched) -> tuple:
     (m, n), kk = shape[-2:], int(a.shape[-1])
     split = split_k_factor(m, n, kk, math.prod(shape[:-2]), current_target().sm_count)
     if split == 1:
-        return [_mm_kernel(index, group, sched, 1)], {}
+        plain = _mm_kernel(index, group, sched, 1)
+        plain.alternative = _persistent_tma_kernel(index, group, sched)
+        return [plain], {}
     return ([_mm_kernel(index, group, sched, split), _split_k_sum(index + 1, group, sched, split)],
             {f"{e.name}_partials": (split * math.prod(shape), float32)})

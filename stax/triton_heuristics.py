@@ -525,6 +525,10 @@ class CachingAutotuner:
 # ---- §9.4 A multi-pass row's two forms ----
 
 
+def _misaligned(args) -> bool:
+    return any(a.data_ptr() & 15 for a in args if a.__class__ is not int)
+
+
 class MultiKernel:
     """Alternative kernels for one fusion group: a multi-pass row's persistent and looped forms
     (§9.4). The first launch runs Algorithm 9.1 for each and keeps the one whose best configuration
@@ -534,16 +538,23 @@ class MultiKernel:
     def __init__(self, name: str, kernels: list):
         self.name, self.kernels = name, kernels
         self.chosen = None
+        # §9.8: a persistent TMA template reads 16-byte aligned operands only; the first kernel
+        # (the grouped template) runs any call whose buffers are not
+        self.tma = any(getattr(k, "meta", {}).get("tma") for k in kernels)
 
     def run(self, *args, stream=None):
         kernel = self.chosen
         if kernel is None:
             kernel = self.chosen = self._choose(args)
+        if self.tma and kernel is not self.kernels[0] and _misaligned(args):
+            kernel = self.kernels[0]
         kernel.run(*args, stream=stream)
 
     def _choose(self, args) -> CachingAutotuner:
         if cuda.interpreting():
             return self.kernels[0]
+        if self.tma and _misaligned(args):
+            return self.kernels[0]         # never measure a TMA kernel on unaligned operands
         first = self.kernels[0]
         numels = dict(zip(first.numel_names, args[len(args) - len(first.numel_names):]))
         for k in self.kernels:

@@ -189,7 +189,7 @@ for path in sys.argv[1:]:
     spec.loader.exec_module(mod)
     for name, obj in vars(mod).items():
         if name.startswith("triton_") and hasattr(obj, "compile_for"):
-            numels = {p + "numel": n for p, n in obj.size_hints.items()}
+            numels = {**{p + "numel": n for p, n in obj.size_hints.items()}, **obj.meta}   # as a launch sees them
             for i, cfg in enumerate(candidates(obj.kind, numels, obj.reduction_hint, obj.r0_block)):
                 cubin, info, _ = obj.compile_for(90, cfg)
                 out[path + ":" + name + ":" + str(i)] = (cubin[:4] == b"\\x7fELF", info.num_warps)
@@ -214,7 +214,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         paths.append(str(path))
         for kname, text in gen.kernels.items():
             k = kernel_from_source(kname, text)
-            numels = {p + "numel": n for p, n in k.size_hints.items()}
+            numels = {**{p + "numel": n for p, n in k.size_hints.items()}, **k.meta}
             expected += len(candidates(k.kind, numels, k.reduction_hint, k.r0_block))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True,

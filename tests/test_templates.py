@@ -31,7 +31,8 @@ def check(fn, *args, k=1):
 
 
 def kinds(gen) -> list:
-    return [name.rsplit("_", 1)[0] for name in gen.kernels]
+    """The kernels that run, in order (the persistent TMA alternative of a template left out)."""
+    return [name.rsplit("_", 1)[0] for name in gen.kernels if not name.startswith("triton_persistent")]
 
 
 # ---- §9.8 epilogue fusion ----
@@ -73,7 +74,7 @@ def test_linear_reads_the_weight_in_place_and_is_one_kernel():
 def test_epilogues_that_cannot_fuse_run_separately(name, fn, count):
     a, b = stax.randn(12, 12), stax.randn(12, 12)
     gen = check(fn, a, b, k=12)
-    assert len(gen.kernels) == count and kinds(gen)[0] == "triton_tem_fused_mm"
+    assert len(kinds(gen)) == count and kinds(gen)[0] == "triton_tem_fused_mm"
 
 
 def test_in_place_update_of_an_input_is_not_an_epilogue():
@@ -86,7 +87,7 @@ def test_in_place_update_of_an_input_is_not_an_epilogue():
     cf(*dev)
     ref = x.double() + a.double() @ b.double()
     assert_close(dev[0].cpu().double(), ref, stax.float32)
-    assert len(cf.last_generated.kernels) == 2
+    assert len(kinds(cf.last_generated)) == 2
 
 
 # ---- §9.8 split-K ----
@@ -104,7 +105,7 @@ def test_split_k_exactly_on_the_chapters_criterion():
     first, _ = compiled(fn, a, b, c)
     assert np.array_equal(again[0].cpu().numpy(), first[0].cpu().numpy())   # deterministic
     gen = check(lambda a, b: a @ b, stax.randn(32, 4064), stax.randn(4064, 32), k=4064)
-    assert list(gen.kernels) == ["triton_tem_fused_mm_0"] and "SPLIT_K" not in gen.kernels["triton_tem_fused_mm_0"]
+    assert kinds(gen) == ["triton_tem_fused_mm"] and "SPLIT_K" not in gen.kernels["triton_tem_fused_mm_0"]
 
 
 def test_split_k_batched_half_and_ragged_k():
@@ -164,5 +165,34 @@ def test_configs_that_overflow_shared_memory_are_dropped():
 def test_identical_gemms_share_one_tuning_key():
     x, w1, w2 = stax.randn(16, 24), stax.randn(24, 24), stax.randn(24, 24)
     _, gen = compiled(lambda x, w1, w2: stax.relu(x @ w1) @ w2 + 1, x, w1, w2)
-    keys = [s.split("'tuning_key': ")[1].split("'")[1] for s in gen.kernels.values()]
+    keys = [s.split("'tuning_key': ")[1].split("'")[1] for n, s in gen.kernels.items() if n.startswith("triton_tem")]
     assert len(keys) == 2 and keys[0] == keys[1]
+
+
+# ---- §9.8 the persistent TMA template ----
+
+
+@pytest.mark.parametrize("fn,shapes,dtype", [
+    (lambda x, w, b: stax.relu(x @ w.t() + b), [(70, 40), (36, 40), (36,)], stax.float32),     # w.t(): a .T load
+    (lambda a, b, c: (a @ b) * 2 + c, [(33, 72), (72, 24), (33, 24)], stax.bfloat16),          # K past the block
+    (lambda a, b: (a @ b).sigmoid(), [(1, 16), (16, 8)], stax.float16),                         # M of 1
+])
+def test_persistent_tma_template_is_a_candidate_and_computes_the_same(fn, shapes, dtype, monkeypatch):
+    from stax import triton_heuristics
+    monkeypatch.setattr(triton_heuristics.MultiKernel, "_choose", lambda self, args: self.kernels[-1])
+    args = [stax.randn(*s).to(dtype) for s in shapes]
+    gen = check(fn, *args, k=shapes[0][-1])
+    (tma,) = [s for n, s in gen.kernels.items() if n.startswith("triton_persistent_tma_mm_")]
+    assert "tl.make_tensor_descriptor(" in tma and "tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS)" in tma
+    assert "multi_kernel_0 = async_compile.multi_kernel('multi_kernel_0', [triton_tem_fused_mm_0, " \
+           "triton_persistent_tma_mm_0])" in gen.module.source
+    assert tma.index("acc = tl.dot(") < tma.index("xmask = ") < tma.index("tl.store(")
+
+
+def test_no_tma_candidate_where_tma_cannot_read_an_operand():
+    # a row of 9 float32 is 36 bytes, not a multiple of 16; batches run on the grouped template only
+    for fn, shapes in ((lambda a, b: a @ b, [(5, 9), (9, 6)]), (lambda a, b: a @ b, [(2, 8, 16), (2, 16, 8)])):
+        gen = check(fn, *[stax.randn(*s) for s in shapes], k=16)
+        assert not any(n.startswith("triton_persistent") for n in gen.kernels) and "multi_kernel" not in gen.module.source
+    assert tt.template_grid({"mnumel": 4096, "nnumel": 4096, "bnumel": 1},
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_SMS": 132}) == (132, 1, 1)
