@@ -287,8 +287,9 @@ def selected(argv) -> list:
 
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
-    names = selected(argv) or list(WORKLOADS)
     mm_names = [a for a in argv if a in MATMULS] or ([] if selected(argv) else list(MATMULS))
+    # matmuls named alone run alone (`python bench/gpu.py mm_bf16 mm_splitk`)
+    names = selected(argv) or ([] if any(a in MATMULS for a in argv) else list(WORKLOADS))
     props = cuda.get_device_properties()
     bw = copy_bandwidth()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")

@@ -14,12 +14,14 @@ at the element it computes). They are printed after the accumulation, before `tl
 Consumes a schedule's 'template' group (the matmul `ExternKernel`, then its epilogue nodes) and the
 layouts of the operand buffers (read in place: `w.t()` and slices are strides and an offset).
 Produces the kernel text `triton_tem_fused_mm_N` (decorated `@triton_heuristics.template(...)`),
-with split-K a second kernel that sums the s partials in a fixed order and runs the epilogue, and
-the arguments of each launch. Sizes and strides are constants of the text (static shapes).
+beside it the persistent TMA form `triton_persistent_tma_mm_N` where TMA can read the operands;
+with split-K (k ≥ 128·max(m, n)) instead a partials kernel and a second kernel that sums the s
+partials in a fixed order and runs the epilogue; and the arguments of each launch. Sizes and strides are constants of the text (static shapes).
 
 float32 operands multiply as `set_float32_matmul_precision` says ("highest": IEEE, like PyTorch's
 default; "high"/"medium": TF32); float16/bfloat16 go through the tensor cores; the accumulator
-(ACC_TYPE) is float32 always.
+(ACC_TYPE) is float32 always. float8 operands are not offered: Stax has no float8 dtype (numpy
+has none, and eager Stax computes in numpy).
 
 The epilogue hook (for every template; attention's score_mod is the same mechanism):
     k = TemplateKernel(index, group, sched, shape="[BLOCK_M, BLOCK_N]")
@@ -37,7 +39,9 @@ Where to look:
   - `TemplateKernel`, `fuse_epilogue`  the epilogue hook above
   - `_MM_BODY` ................. the kernel text, the chapter's GROUP_M lines included
   - `_split_k_sum` ............. split-K's second kernel: Σ of the partials, then the epilogue
-  - `mm_template` .............. the entry: [(name, source, launch arguments)], scratch buffers
+  - `_persistent_tma_kernel` ... `triton_persistent_tma_mm` (Hopper): one program per SM, TMA
+                                 descriptors; measured against the grouped template (multi_kernel)
+  - `mm_template` .............. the entry: the launches (`TemplateLaunch`), scratch buffers
 """
 from __future__ import annotations
 
