@@ -67,6 +67,13 @@ def test_linear_reads_the_weight_in_place_and_is_one_kernel():
     assert "tl.maximum(" in src and src.count("tl.store(") == 1
 
 
+def test_epilogue_propagates_nan_and_inf():
+    a, b, c = stax.randn(6, 8), stax.randn(8, 5), stax.randn(5)
+    a[2, 3], c[1], c[4] = float("nan"), float("inf"), float("-inf")
+    gen = check(lambda a, b, c: stax.relu(a @ b + c), a, b, c, k=8)
+    assert kinds(gen) == ["triton_tem_fused_mm"]
+
+
 @pytest.mark.parametrize("name,fn,count", [
     ("reduction", lambda a, b: (a @ b).sum(-1), 2),               # a reduction is never an epilogue
     ("transposed_read", lambda a, b: (a @ b).t() + a, 2),          # reads another element than it computes
