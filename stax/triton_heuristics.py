@@ -325,6 +325,7 @@ class CachingAutotuner:
 
     def choose_config(self, numels: dict, args=()) -> Config:
         if self.config is None:
+            numels = {**numels, **self.meta}    # (a MultiKernel passes the launch's numels alone)
             if cuda.interpreting():
                 self.config = default_config(self.kind, numels, self.reduction_hint, self.r0_block)
             else:

@@ -203,3 +203,16 @@ def test_no_tma_candidate_where_tma_cannot_read_an_operand():
         assert not any(n.startswith("triton_persistent") for n in gen.kernels) and "multi_kernel" not in gen.module.source
     assert tt.template_grid({"mnumel": 4096, "nnumel": 4096, "bnumel": 1},
                             {"BLOCK_M": 128, "BLOCK_N": 128, "NUM_SMS": 132}) == (132, 1, 1)
+
+
+def test_measuring_the_persistent_template_sees_its_num_sms(monkeypatch):
+    """A MultiKernel hands each alternative only the launch's numels; the kernel adds its own
+    decorator facts (NUM_SMS, itemsize) before Alg. 9.1 builds its candidates."""
+    from stax import cuda, triton_heuristics
+    gen = stax.generate(lambda a, b: a @ b, stax.randn(64, 32), stax.randn(32, 48), device="cuda")
+    k = triton_heuristics.kernel_from_source("triton_persistent_tma_mm_0", gen.kernels["triton_persistent_tma_mm_0"])
+    monkeypatch.setattr(cuda, "interpreting", lambda: False)
+    monkeypatch.setattr(k, "_autotune", lambda numels, args: triton_heuristics.candidates(k.kind, numels)[0])
+    cfg = k.choose_config({"bnumel": 1, "mnumel": 64, "nnumel": 48, "knumel": 32})
+    assert cfg["NUM_SMS"] == 132
+    assert k.grid({"bnumel": 1, "mnumel": 64, "nnumel": 48, "knumel": 32}, cfg) == (1, 1, 1)
