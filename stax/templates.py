@@ -60,6 +60,8 @@ from .triton_kernel import TritonKernel, TritonPrinter, current_target, pointer_
 
 TEMPLATE_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 INT32_LIMIT = 2 ** 31
+PERSISTENT_MIN_TILES = 1      # × SMs: 128 × 128 output tiles below which the persistent template
+                              # cannot pay for its own measuring (every SM busy once at least)
 
 
 @dataclass
@@ -383,7 +385,9 @@ def _persistent_tma_kernel(index: int, group, sched) -> TemplateLaunch | None:
     (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
     shape = tuple(int(s) for s in e.layout.shape)
     (m, n), kk = shape[-2:], int(a.shape[-1])
-    if math.prod(shape[:-2]) != 1 or _needs_64(a, b, e.layout) or current_target().cc < 90:
+    target = current_target()
+    if (math.prod(shape[:-2]) != 1 or _needs_64(a, b, e.layout) or target.cc < 90
+            or math.ceil(m / 128) * math.ceil(n / 128) < PERSISTENT_MIN_TILES * target.sm_count):
         return None
     k = TemplateKernel(index, group, sched, "[BLOCK_M, BLOCK_N]")
     a_ptr, b_ptr = k.arg(a_name, read=True), k.arg(b_name, read=True)

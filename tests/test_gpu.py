@@ -167,6 +167,9 @@ EXAMPLES = {
     "outer_split": (lambda x: x.sum(0), [(1024, 512)]),
 }
 MORE = {
+    # §9.8: the persistent TMA template (≥ one 128² output tile per SM) and split-K (k ≥ 128·max(m, n))
+    "mm_persistent": (lambda a, b, c: stax.relu(a @ b + c), [(2048, 64), (64, 1536), (1536,)]),
+    "mm_split_k": (lambda a, b, c: a @ b + c, [(32, 4096), (4096, 32), (32,)]),
     "argmax": (lambda x: (x.argmax(1), x.argmin(0), x.amin()), [(37, 5300)]),
     "unary": (lambda x: x.exp() + x.abs().log() + x.tanh() + x.erf() + x.abs() ** 2.5 + x // 3 + x.round(), [(300,)]),
     "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),

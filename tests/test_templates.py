@@ -185,7 +185,8 @@ def test_identical_gemms_share_one_tuning_key():
     (lambda a, b: (a @ b).sigmoid(), [(1, 16), (16, 8)], stax.float16),                         # M of 1
 ])
 def test_persistent_tma_template_is_a_candidate_and_computes_the_same(fn, shapes, dtype, monkeypatch):
-    from stax import triton_heuristics
+    from stax import templates, triton_heuristics
+    monkeypatch.setattr(templates, "PERSISTENT_MIN_TILES", 0)     # small shapes, for the interpreter
     monkeypatch.setattr(triton_heuristics.MultiKernel, "_choose", lambda self, args: self.kernels[-1])
     args = [stax.randn(*s).to(dtype) for s in shapes]
     gen = check(fn, *args, k=shapes[0][-1])
@@ -196,7 +197,14 @@ def test_persistent_tma_template_is_a_candidate_and_computes_the_same(fn, shapes
     assert tma.index("acc = tl.dot(") < tma.index("xmask = ") < tma.index("tl.store(")
 
 
-def test_no_tma_candidate_where_tma_cannot_read_an_operand():
+def test_no_tma_candidate_where_tma_cannot_read_an_operand(monkeypatch):
+    from stax import templates
+    monkeypatch.setattr(templates, "PERSISTENT_MIN_TILES", 0)
+    gen = stax.generate(lambda a, b: a @ b, stax.randn(64, 32), stax.randn(32, 48), device="cuda")
+    assert "triton_persistent_tma_mm_0" in gen.kernels
+    monkeypatch.setattr(templates, "PERSISTENT_MIN_TILES", 1)     # fewer 128² tiles than SMs: not offered
+    gen = stax.generate(lambda a, b: a @ b, stax.randn(64, 32), stax.randn(32, 48), device="cuda")
+    assert "triton_persistent_tma_mm_0" not in gen.kernels
     # a row of 9 float32 is 36 bytes, not a multiple of 16; batches run on the grouped template only
     for fn, shapes in ((lambda a, b: a @ b, [(5, 9), (9, 6)]), (lambda a, b: a @ b, [(2, 8, 16), (2, 16, 8)])):
         gen = check(fn, *[stax.randn(*s) for s in shapes], k=16)
@@ -208,7 +216,8 @@ def test_no_tma_candidate_where_tma_cannot_read_an_operand():
 def test_measuring_the_persistent_template_sees_its_num_sms(monkeypatch):
     """A MultiKernel hands each alternative only the launch's numels; the kernel adds its own
     decorator facts (NUM_SMS, itemsize) before Alg. 9.1 builds its candidates."""
-    from stax import cuda, triton_heuristics
+    from stax import cuda, templates, triton_heuristics
+    monkeypatch.setattr(templates, "PERSISTENT_MIN_TILES", 0)
     gen = stax.generate(lambda a, b: a @ b, stax.randn(64, 32), stax.randn(32, 48), device="cuda")
     k = triton_heuristics.kernel_from_source("triton_persistent_tma_mm_0", gen.kernels["triton_persistent_tma_mm_0"])
     monkeypatch.setattr(cuda, "interpreting", lambda: False)

@@ -36,39 +36,3 @@ def triton_tem_fused_mm_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, bnumel, mnumel, n
     tmp2 = tl.full([1, 1], 0, tl.int32)
     tmp3 = tl.maximum(tmp2, tmp1, tl.PropagateNan.ALL)
     tl.store(out_ptr0 + (256*x0 + x1), tmp3, xmask)
-
-# triton_persistent_tma_mm_0: computes matmul, add, relu
-@triton_heuristics.template(size_hints={'b': 1, 'm': 64, 'n': 256, 'k': 128}, meta={'itemsize': 4, 'tuning_key': 'mm float32 out=(64, 256) a=(128, 1)+0 b=(1, 128)+0 k=128 split=1 ieee persistent', 'NUM_SMS': 132, 'tma': True}, signature={'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'in_ptr2': '*fp32', 'out_ptr0': '*fp32', 'bnumel': 'i32', 'mnumel': 'i32', 'nnumel': 'i32', 'knumel': 'i32'})
-@triton.jit
-def triton_persistent_tma_mm_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, bnumel, mnumel, nnumel, knumel, BLOCK_M : tl.constexpr, BLOCK_N : tl.constexpr, BLOCK_K : tl.constexpr, GROUP_M : tl.constexpr, NUM_SMS : tl.constexpr):
-    M = 64
-    N = 256
-    K = 128
-    # §9.8 persistent TMA: one program per SM loops over the output tiles, numbered in groups of
-    # GROUP_M row blocks (Prop. 9.4); the operands arrive through tensor descriptors (Hopper's TMA),
-    # which fill the blocks past M, N and K with zeros
-    grid_m = (M + BLOCK_M - 1) // BLOCK_M
-    grid_n = (N + BLOCK_N - 1) // BLOCK_N
-    width = GROUP_M * grid_n
-    A_desc = tl.make_tensor_descriptor(in_ptr0, shape=[64, 128], strides=[128, 1], block_shape=[BLOCK_M, BLOCK_K])
-    B_desc = tl.make_tensor_descriptor(in_ptr1, shape=[256, 128], strides=[128, 1], block_shape=[BLOCK_N, BLOCK_K])
-    for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS):
-        group_id = tile // width
-        group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
-        pid_m = group_id * GROUP_M + (tile % group_size)
-        pid_n = (tile % width) // group_size
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = A_desc.load([pid_m * BLOCK_M, k])
-            b = B_desc.load([pid_n * BLOCK_N, k]).T
-            acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=tl.float32)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        xmask = (rm[:, None] < M) & (rn[None, :] < N)
-        x0 = rm[:, None]
-        x1 = rn[None, :]
-        tmp0 = tl.load(in_ptr2 + (x1), xmask)
-        tmp1 = (acc + tmp0)
-        tmp2 = tl.full([1, 1], 0, tl.int32)
-        tmp3 = tl.maximum(tmp2, tmp1, tl.PropagateNan.ALL)
-        tl.store(out_ptr0 + (256*x0 + x1), tmp3, xmask)
