@@ -61,11 +61,15 @@ WORKLOADS = {
     "xent": (lambda x, t: stax.nn.functional.cross_entropy(x, t), [(8192, 32768), ("int", 32768, (8192,))]),
 }
 GROUPS = {"reductions": ["colsum:large", "colsum:small", "mean01", "var0", "bnstats", "amax_mid", "biasgrad"]}
-# matmuls: the plain tl.dot template (§9.8, correct first); TFLOP/s, not a fraction of a floor
+# matmuls (§9.8): the template with its epilogue fused; TFLOP/s, not a fraction of a floor.
+# name -> (function of a [m, k], b [k, n], c [n], (m, k, n), dtype, float32 matmul precision)
 MATMULS = {
-    "mm_bf16": (lambda a, b, c: stax.relu(a @ b + c), 8192, "bfloat16"),
-    "mm_fp32": (lambda a, b, c: stax.relu(a @ b + c), 4096, "float32"),
+    "mm_bf16": (lambda a, b, c: stax.relu(a @ b + c), (8192, 8192, 8192), "bfloat16", "highest"),
+    "mm_fp32": (lambda a, b, c: stax.relu(a @ b + c), (4096, 4096, 4096), "float32", "highest"),
+    "mm_fp32_high": (lambda a, b, c: stax.relu(a @ b + c), (4096, 4096, 4096), "float32", "high"),
+    "mm_splitk": (lambda a, b, c: a @ b + c, (64, 65536, 64), "bfloat16", "highest"),   # SPLIT_K
 }
+TORCH_MATMULS = {"mm_splitk": lambda a, b, c: a @ b + c}     # the others: relu(a @ b + c)
 
 
 def make_input(spec, lib=stax, device="cuda"):
@@ -170,31 +174,54 @@ def torch_time(name, shapes):
     return ms, cold
 
 
+def _torch_matmul(name, shape, dt, precision) -> dict:
+    """torch.compile default and max-autotune on the same problem, under the same precision."""
+    try:
+        import torch
+        import triton.testing
+    except ImportError:
+        return {}
+    m, k, n = shape
+    torch.set_float32_matmul_precision(precision)
+    ta = [torch.randn(m, k, device="cuda", dtype=getattr(torch, dt)),
+          torch.randn(k, n, device="cuda", dtype=getattr(torch, dt)), torch.randn(n, device="cuda", dtype=getattr(torch, dt))]
+    fn = TORCH_MATMULS.get(name, lambda a, b, c: torch.relu(a @ b + c))
+    out = {}
+    for mode in ("default", "max-autotune"):
+        torch._dynamo.reset()
+        tf = torch.compile(fn, mode=mode)
+        tf(*ta)
+        tms = triton.testing.do_bench(lambda: tf(*ta), return_mode="median")
+        out[f"torch_{mode}_ms"] = tms
+        out[f"torch_{mode}_tflops"] = 2 * m * n * k / tms * 1e-9
+    torch.set_float32_matmul_precision("highest")
+    return out
+
+
 def matmuls(names):
-    """The plain template against torch.compile (cuBLAS + epilogue) at the same shape and dtype."""
+    """The template (epilogue fused; split-K where the chapter's criterion holds) against
+    torch.compile default and max-autotune at the same shape, dtype and matmul precision."""
     rows = []
     for name in names:
-        fn, n, dt = MATMULS[name]
+        fn, (m, k, n), dt, precision = MATMULS[name]
         dtype = getattr(stax, dt)
-        args = [stax.randn(n, n, device="cuda").to(dtype), stax.randn(n, n, device="cuda").to(dtype),
+        stax.set_float32_matmul_precision(precision)
+        args = [stax.randn(m, k, device="cuda").to(dtype), stax.randn(k, n, device="cuda").to(dtype),
                 stax.randn(n, device="cuda").to(dtype)]
         f = stax.compile(fn)
+        t0 = time.perf_counter()
         f(*args)
         cuda.synchronize()
+        cold = time.perf_counter() - t0
         ms = time_calls(f, args, iters=10)
-        row = {"workload": name, "n": n, "stax_ms": ms, "stax_tflops": 2 * n ** 3 / ms * 1e-9,
+        stax.set_float32_matmul_precision("highest")
+        row = {"workload": name, "shape": [m, k, n], "dtype": dt, "precision": precision, "stax_ms": ms,
+               "stax_tflops": 2 * m * n * k / ms * 1e-9, "stax_first_call_s": cold,
                "kernels": list(f.last_generated.kernels)}
-        try:
-            import torch
-            import triton.testing
-            ta = [torch.randn(n, n, device="cuda", dtype=getattr(torch, dt)) for _ in range(2)]
-            tb = torch.randn(n, device="cuda", dtype=getattr(torch, dt))
-            tf = torch.compile(lambda a, b, c: torch.relu(a @ b + c))
-            tms = triton.testing.do_bench(lambda: tf(ta[0], ta[1], tb), return_mode="median")
-            row.update(torch_ms=tms, torch_tflops=2 * n ** 3 / tms * 1e-9, speedup=tms / ms,
-                       torch_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
-        except ImportError:
-            pass
+        row.update(_torch_matmul(name, (m, k, n), dt, precision))
+        if "torch_default_ms" in row:
+            row["speedup"] = row["torch_default_ms"] / ms
+            row["speedup_max_autotune"] = row["torch_max-autotune_ms"] / ms
         print(json.dumps(row), flush=True)
         rows.append(row)
         del args
@@ -668,10 +695,15 @@ def main(argv):
         tm = f"{r['torch_ms']:.3f}" if "torch_ms" in r else "-"
         sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"
         print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {tm} | {sp} | {', '.join(r['kernels'])} |")
+    if mm_rows:
+        print("\n| matmul | m×k×n | Stax TFLOP/s | torch default | torch max-autotune | default/Stax | max-autotune/Stax | kernels |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in mm_rows:
-        print(f"| {r['workload']} {r['n']}³ | {r['stax_ms']:.3f} ({r['stax_tflops']:.0f} TFLOP/s) | | | "
-              f"{r.get('torch_ms', float('nan')):.3f} ({r.get('torch_tflops', float('nan')):.0f} TFLOP/s) | "
-              f"{r.get('speedup', float('nan')):.2f} | {', '.join(r['kernels'])} |")
+        nan = float("nan")
+        print(f"| {r['workload']} ({r['dtype']}, {r['precision']}) | {'×'.join(map(str, r['shape']))} | "
+              f"{r['stax_tflops']:.0f} | {r.get('torch_default_tflops', nan):.0f} | "
+              f"{r.get('torch_max-autotune_tflops', nan):.0f} | {r.get('speedup', nan):.2f} | "
+              f"{r.get('speedup_max_autotune', nan):.2f} | {', '.join(r['kernels'])} |")
     print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}; "
           f"the driver call under it: {per_driver:.1f}")
     print(f"cold compile of a one-kernel function: {cold:.2f} s; warm on-disk cache: {warm:.3f} s")

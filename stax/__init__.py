@@ -55,6 +55,8 @@ from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops
 from . import indexing as _indexing_mod
 from .attention import (BlockMask, attention_backward, attention_forward, create_block_mask, omni_attention,  # noqa: F401 (§9.10)
                         scaled_dot_product_attention)
+from . import template_tuning as _tuning
+from .template_tuning import get_float32_matmul_precision, set_float32_matmul_precision  # noqa: F401
 
 for _name, _dt in _ALIASES.items():     # stax.float32, stax.float, stax.long, stax.bool, ...
     globals()[_name] = _dt
@@ -476,7 +478,7 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
                           deviation_piece=getattr(backend, "deviation_piece", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
-    sched = schedule.schedule(lowered)
+    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None))
     sched_text = schedule.format_schedule(sched)
     _log("schedule", name, sched_text)
     module = backend.generate(sched)
@@ -498,8 +500,8 @@ def _target(device: str) -> str:
         debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
         if cuda.is_available():
             p = cuda.get_device_properties()
-            return f"sm={p.sm_count},cc={p.cc}{debug}"
-        return f"sm=132,cc=(9, 0){debug}"
+            return f"sm={p.sm_count},cc={p.cc},mm={_tuning._precision[0]}{debug}"
+        return f"sm=132,cc=(9, 0),mm={_tuning._precision[0]}{debug}"
     return f"threads={get_num_threads()}"
 
 
@@ -540,6 +542,7 @@ class CompiledFunction:
         self.last_key = None            # the static key of the call last compiled (for the recompiles log)
         self._warned: set = set()       # the §2.4 limits each warn once
         self._lock = threading.RLock()
+        self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
@@ -566,6 +569,8 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
+        if _tuning._precision[0] is not self._precision:
+            self._precision_changed()
         if self.reads is None:
             with self._lock:
                 if self.reads is None:
@@ -581,6 +586,16 @@ class CompiledFunction:
                 with self._lock:
                     entry, key, lifted = self._compile(key, args, kwargs, lifted)
         return self._run(entry, args, kwargs, lifted, alias)
+
+    def _precision_changed(self):
+        """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
+        with self._lock:
+            _log("recompiles", getattr(self.fn, "__name__", "fn"),
+                 f"float32 matmul precision changed from {self._precision!r} to {_tuning._precision[0]!r}")
+            self.artifacts.clear()
+            self.constants.clear()
+            self.guarded.clear()
+            self._precision = _tuning._precision[0]
 
     def _run(self, entry, args, kwargs, lifted, alias):
         if entry is None or (lifted and _needs_grad(lifted)):

@@ -33,7 +33,7 @@ from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
-from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, pysize, wrapper_launches,
+from .wrapper import (extern_call, pydtype, pyint, pylit, pyname, pyshape, pysize, wrapper_launches,
                       wrapper_prologue)
 
 # ---- §6.1 Alg. 6.1 on the GPU ----
@@ -195,13 +195,24 @@ def generate(sched) -> TritonModule:
 
     for g in sched.groups:
         call, new = [], set()
-        if g.kind == "extern" and template_applies(g.nodes[0], low):
-            e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
-            name, src, operands, numels = mm_template(index, e, low)
-            call.append(_alloc(e.name, e.layout, e.dtype))
-            new.add(e.name)
-            launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
-            index += 1
+        if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
+            launches, scratch = mm_template(index, g, sched)
+            call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
+                     for s, (n, d) in scratch.items()]
+            for t in launches:
+                fresh = [p for p in t.params if p not in allocated | new | set(scratch)]
+                call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
+                new |= set(fresh)
+                sources, runner = {t.name: t.source}, t.name
+                if t.alternative is not None:      # Alg. 9.1 measures both at the first launch
+                    assert t.alternative.params == t.params, (t.params, t.alternative.params)
+                    sources[t.alternative.name] = t.alternative.source
+                    runner = f"multi_kernel_{index}"
+                    multi[runner] = [t.name, t.alternative.name]
+                launch(call, sources, runner, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
+                index += 1
+            if scratch:
+                call.append(f"del {', '.join(pyname(s) for s in scratch)}")
         elif g.kind == "extern" and extern_spec(g.nodes[0], low)[0] is not None:
             e = g.nodes[0]           # §9.10: attention runs as the flash template
             spec, operands = extern_spec(e, low)

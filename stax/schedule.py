@@ -45,7 +45,8 @@ from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reducti
 class FusionGroup:
     """One kernel: nodes run in this order inside one loop nest over (ranges, reduction_ranges)."""
     index: int
-    kind: str                        # 'pointwise' | 'reduction' | 'extern'
+    kind: str                        # 'pointwise' | 'reduction' | 'extern' | 'template' (§9.8: a
+                                     # matmul template, then the pointwise epilogues it computes)
     ranges: list                     # x (kept) loop sizes
     reduction_ranges: list           # r loop sizes ([] for pointwise)
     nodes: list = field(default_factory=list)
@@ -72,11 +73,16 @@ def loop_ranges(sizes) -> tuple:
     return [s for _, s in kept], [k for k, _ in kept]
 
 
+def _sizes(buf):
+    """The loop sizes of a buffer's own iteration: its ranges, or an extern kernel's output shape."""
+    return buf.layout.shape if isinstance(buf, ExternKernel) else buf.ranges
+
+
 def _node_loops(buf):
     """(x ranges, r ranges) of a computed buffer, size-1 dims dropped."""
     if isinstance(buf, Reduction):
         return loop_ranges(buf.ranges)[0], loop_ranges(buf.reduction_ranges)[0]
-    return loop_ranges(buf.ranges)[0], []
+    return loop_ranges(_sizes(buf))[0], []
 
 
 def node_index(buf, xvars, rvars):
@@ -92,8 +98,8 @@ def node_index(buf, xvars, rvars):
         return full
     if isinstance(buf, Reduction):
         return expand(buf.ranges, xvars), expand(buf.reduction_ranges, rvars)
-    n = len(loop_ranges(buf.ranges)[0])
-    return expand(buf.ranges, (list(xvars) + list(rvars))[:n]), None
+    n = len(loop_ranges(_sizes(buf))[0])
+    return expand(_sizes(buf), (list(xvars) + list(rvars))[:n]), None
 
 
 def store_index(buf, xvars, rvars):
@@ -144,6 +150,8 @@ def _fits(group: FusionGroup, buf) -> tuple | None:
         return None
     bx, br = _node_loops(buf)
     gx, gr = group.ranges, group.reduction_ranges
+    if group.kind == "template":     # §9.8 epilogue: pointwise over the template's output blocks
+        return (gx, gr) if isinstance(buf, Pointwise) and bx == gx else None
     if isinstance(buf, Reduction):
         if group.kind == "reduction":
             return (gx, gr) if (bx, br) == (gx, gr) else None
@@ -165,7 +173,10 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     xvars, rvars = index_vars("x", len(gx)), index_vars("r", len(gr))
     ranges = dict(zip(xvars + rvars, gx + gr))
     here = {n.name: n for n in group.nodes}
-    for name, index in _reads(buf, xvars, rvars):
+    reads = _reads(buf, xvars, rvars)
+    if group.kind == "template" and (writes_input is not None or not any(n in here for n, _ in reads)):
+        return False                 # §9.8: an epilogue updates no input in place and uses the template
+    for name, index in reads:
         if name in here:
             # read exactly where the producer stores in this loop nest, or not in this kernel
             want = store_index(here[name], xvars, rvars)
@@ -181,11 +192,14 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     return True
 
 
-def schedule(lowered) -> Schedule:
+def schedule(lowered, template=None) -> Schedule:
     """Place each buffer, in dependence order, into the first kernel it can join.
 
     A buffer may only join a kernel at or after the kernels of everything it depends on (its
     producers, and for a write-back into an input, every earlier reader of that input).
+    `template(extern, lowered)`, given by a back end with templates (§9.8), says which extern
+    kernels run as a template that takes pointwise epilogues: such a kernel opens a 'template'
+    group over its output's loops, which later pointwise nodes may join.
     """
     groups: list = []
     group_of: dict = {}              # buffer name -> group index
@@ -205,7 +219,9 @@ def schedule(lowered) -> Schedule:
                 placed = g
                 break
         if placed is None:
-            if isinstance(buf, ExternKernel):
+            if isinstance(buf, ExternKernel) and template is not None and template(buf, lowered):
+                placed = FusionGroup(len(groups), "template", _node_loops(buf)[0], [])
+            elif isinstance(buf, ExternKernel):
                 placed = FusionGroup(len(groups), "extern", [], [])
             else:
                 x, r = _node_loops(buf)
@@ -301,6 +317,10 @@ def format_schedule(sched: Schedule) -> str:
     for g in sched.groups:
         if g.kind == "extern":
             lines.append(f"kernel {g.index}: extern {g.nodes[0].op} -> {g.nodes[0].name}  # {', '.join(g.origins)}")
+            continue
+        if g.kind == "template":
+            lines.append(f"kernel {g.index}: template {g.nodes[0].op} ranges={g.ranges} "
+                         f"nodes={[n.name for n in g.nodes]}  # fuses {', '.join(g.origins)}")
             continue
         shape = f"ranges={g.ranges}" + (f" reduction_ranges={g.reduction_ranges}" if g.kind == "reduction" else "")
         lines.append(f"kernel {g.index}: {g.kind} {shape} nodes={[n.name for n in g.nodes]}  "

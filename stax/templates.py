@@ -1,78 +1,156 @@
-"""§9.8 Matmul templates: the plain `tl.dot` kernel, with grouped numbering (Prop. 9.4).
+"""§9.8 Matmul templates: the `tl.dot` kernel, grouped numbering (Prop. 9.4), epilogue fusion, split-K.
 
-Layer: back end (GPU), beside the kernel writers: imports only `autotune` (next_pow2). The
-generator (codegen_triton.py) prints its text; the launcher (triton_heuristics.py) takes its
-candidate configurations, grid and max-autotune space from here.
+Layer: back end (GPU), beside the kernel forms: imports the kernel writer (`triton_kernel`: the
+printer, the kernel state) and the launch-time facts of templates (`template_tuning`: GROUP_M,
+split-K, precision). codegen_triton.py prints its text; triton_heuristics.py takes its
+configurations from template_tuning.py, never from here (a warm start needs no printer).
 
 A matmul does not go through the loop IR: lowering leaves it as an `ExternKernel` (§6.1). On the
-GPU, `codegen_triton.generate` asks this module whether the matmul can run as a Triton template
-instead of the host fallback; if so, it prints the template as one more kernel of the module.
+GPU, `template_applies` says whether it runs as a Triton template instead of the host fallback; the
+schedule then opens a 'template' group for it, which the pointwise nodes after it may join (the
+§9.8 rule: no reduction, no in-place update of an input, each reads the template's result exactly
+at the element it computes). They are printed after the accumulation, before `tl.store`.
 
-Consumes: an `ExternKernel` for `matmul` (two operands of rank ≥ 2 with equal batch shapes, as
-`stax.matmul` hands them over) and the layouts of its operand buffers.
-Produces: the kernel text `triton_tem_fused_mm_N`, decorated `@triton_heuristics.template(...)`,
-and the arguments of its launch. Sizes and strides are constants of the text (static shapes).
+Consumes a schedule's 'template' group (the matmul `ExternKernel`, then its epilogue nodes) and the
+layouts of the operand buffers (read in place: `w.t()` and slices are strides and an offset).
+Produces the kernel text `triton_tem_fused_mm_N` (decorated `@triton_heuristics.template(...)`),
+beside it the persistent TMA form `triton_persistent_tma_mm_N` where TMA can read the operands;
+with split-K (k ≥ 128·max(m, n)) instead a partials kernel and a second kernel that sums the s
+partials in a fixed order and runs the epilogue; and the arguments of each launch. Sizes and strides are constants of the text (static shapes).
 
-This is the "correct first" template: masked loads, a float32 accumulator, no epilogue fusion,
-no split-K, no TMA. float32 operands multiply in IEEE float32 (`input_precision="ieee"`, like
-PyTorch's default "highest" matmul precision); float16/bfloat16 go through the tensor cores.
+float32 operands multiply as `set_float32_matmul_precision` says ("highest": IEEE, like PyTorch's
+default; "high"/"medium": TF32); float16/bfloat16 go through the tensor cores; the accumulator
+(ACC_TYPE) is float32 always. float8 operands are not offered: Stax has no float8 dtype (numpy
+has none, and eager Stax computes in numpy).
+
+The epilogue hook (for every template; attention's score_mod is the same mechanism):
+    k = TemplateKernel(index, group, sched, shape="[BLOCK_M, BLOCK_N]")
+    lines = fuse_epilogue(k, nodes, dims, {buffer: Var})
+  `nodes` are pointwise IR nodes over the group's loop ranges; `dims[i]` is the Triton text of the
+  block of indices of loop dim i (size-1 dims dropped, as `schedule.loop_ranges`), e.g.
+  `rm[:, None]`; the dict holds values already in registers, read by `ops.load` of that buffer
+  (the template's result). The lines define x0, x1, ... from `dims`, print each node's `inner_fn`
+  with the kernel's `TritonPrinter`, and store each node that leaves the kernel under `xmask`,
+  which the template defines (the valid elements of its block). Buffers are `@name@` until
+  `finish_template` renames them to in_ptrN / out_ptrN.
 
 Where to look:
   - `template_applies` ......... which matmuls become a template (else the host fallback runs)
+  - `TemplateKernel`, `fuse_epilogue`  the epilogue hook above
   - `_MM_BODY` ................. the kernel text, the chapter's GROUP_M lines included
-  - `template_configs`, `template_grid`  candidate configurations and the grid (§9.6, Def. 9.1)
-  - `mm_template` .............. the entry: (name, source, launch arguments)
+  - `_split_k_sum` ............. split-K's second kernel: Σ of the partials, then the epilogue
+  - `_persistent_tma_kernel` ... `triton_persistent_tma_mm` (Hopper): one program per SM, TMA
+                                 descriptors; measured against the grouped template (multi_kernel)
+  - `mm_template` .............. the entry: the launches (`TemplateLaunch`), scratch buffers
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import sympy
 
 from .autotune import next_pow2
+from .dtypes import float32
+from .ir import index_vars
+from .printer import Var
+from .template_tuning import input_precision, split_k_factor
+from .schedule import store_index
+from .triton_kernel import TritonKernel, TritonPrinter, current_target, pointer_type, texpr
 
 TEMPLATE_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
-GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ one program per SM
 INT32_LIMIT = 2 ** 31
+PERSISTENT_MIN_TILES = 1      # × SMs: 128 × 128 output tiles below which the persistent template
+                              # cannot pay for its own measuring (every SM busy once at least)
 
 
-# ---- §9.6 Launch configurations and the grid ----
+@dataclass
+class TemplateLaunch:
+    """One kernel of a template group: its name, text, buffers passed and trailing numels."""
+    name: str
+    source: str
+    params: list
+    numels: list
+    alternative: object = None       # a TemplateLaunch that competes with this one (Alg. 9.1)
 
 
-def template_configs(numels: dict) -> list:
-    """The candidate set: block shapes around the chapter's 128×128×32, clamped to the sizes.
-
-    The first is the heuristic default (what runs unmeasured, e.g. in Triton's interpreter)."""
-    m, n, k = (int(numels.get(f"{p}numel", 1)) for p in "mnk")
-    cap_m, cap_n, cap_k = (max(16, next_pow2(v)) for v in (m, n, k))
-    out = []
-    for bm, bn, bk, warps, stages in ((64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 4),
-                                      (64, 128, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4),
-                                      (32, 32, 32, 4, 2), (16, 64, 64, 4, 3)):
-        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k),
-               "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
-        if cfg not in out:
-            out.append(cfg)
-    return out
+# ---- §9.8 The epilogue hook: pointwise nodes printed inside a template ----
 
 
-def template_tuning_space(start: dict) -> dict:
-    """Definition 9.2's Π for mode="max-autotune" (GROUP_M stays the chapter's 8)."""
-    space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
-             "BLOCK_K": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
-             "GROUP_M": [GROUP_M]}
-    for name, value in start.items():
-        if value not in space[name]:
-            space[name] = sorted(space[name] + [value])
-    return space
+class TemplateKernel(TritonKernel):
+    """A TritonKernel whose block is the template's (e.g. [BLOCK_M, BLOCK_N]) and whose every
+    access is masked by the template's `xmask`; the loop variables are x0, x1, ... ."""
+
+    def __init__(self, name_index, group, sched, shape: str):
+        super().__init__(name_index, group, sched)
+        self.shape = shape
+        self.axes = [None] * (shape.count(",") + 1)   # only their number: [1, 1] constants
+        self.always_true = set()
+        self.scratch = {}                             # buffers of the template's own: name -> dtype
+        self.partial_block = False                    # some block axis is not a loop dim (size 1)
+
+    def dtype_of(self, name):
+        return self.scratch[name] if name in self.scratch else super().dtype_of(name)
+
+    def block_shape(self) -> str:
+        return self.shape
+
+    def row_shape(self) -> str:
+        return self.shape
+
+    def mask_for(self, expr, extra=()) -> str:
+        return " & ".join((["xmask"] if expr.free_symbols else []) + list(extra))
+
+    def store(self, node, value, xvars, rvars) -> str:
+        """Every store covers the whole block: an offset that misses a block axis (a size-1 M or
+        N: dropped from the loops) is broadcast to it, as the value is."""
+        expr = self.final(store_index(node, xvars, rvars))
+        ptr = self.arg(self.target.get(node.name, node.name))
+        offset = texpr(expr)
+        if not expr.free_symbols:
+            offset = f"tl.full({self.shape}, {offset}, {'tl.int64' if self.index64 else 'tl.int32'})"
+        elif self.partial_block:
+            offset = f"tl.broadcast_to({offset}, {self.shape})"
+        return f"tl.store({ptr} + ({offset}), {value}, xmask)"
 
 
-def template_grid(numels: dict, cfg: dict) -> tuple:
-    """One program per BLOCK_M × BLOCK_N output block along program_id(0), batches along (1)."""
-    def cdiv(a, b):
-        return -(-int(a) // b)
-    return (cdiv(numels["mnumel"], cfg["BLOCK_M"]) * cdiv(numels["nnumel"], cfg["BLOCK_N"]),
-            int(numels["bnumel"]), 1)
+def fuse_epilogue(k: TemplateKernel, nodes: list, dims: list, values: dict) -> list:
+    """The epilogue's lines (see the module docstring): x0.. = dims, the nodes' bodies, stores
+    (a value in `values` that is a node of the group is stored too, when it leaves the kernel)."""
+    xvars = index_vars("x", len(dims))
+    k.ranges = dict(zip(xvars, k.group.ranges))
+    k.locals.update(values)
+    p = TritonPrinter(k)
+    own = {n.name: n for n in k.group.nodes}
+    stores = [k.store(own[name], value, xvars, []) for name, value in values.items()
+              if name in own and name not in k.sched.kernel_local]
+    for node in nodes:
+        value = k.body(node, xvars, [], p)
+        k.locals[node.name] = value
+        if node.name not in k.sched.kernel_local:
+            stores.append(k.store(node, value, xvars, []))
+    return [f"{v} = {d}" for v, d in zip(xvars, dims)] + p.lines + stores
+
+
+def finish_template(k: TemplateKernel, name: str, body: list, signature: dict, consts: list,
+                    decorator: str) -> tuple:
+    """Rename `@buf@` to in_ptrN / out_ptrN (reads first, in order), print the kernel; returns
+    (source, the buffers in parameter order)."""
+    ins = [n for n in k.reads if n not in k.writes]
+    outs = list(k.writes)
+    rename = {**{n: f"in_ptr{i}" for i, n in enumerate(ins)}, **{n: f"out_ptr{i}" for i, n in enumerate(outs)}}
+    text = "\n".join(body)
+    for n, pname in rename.items():
+        text = text.replace(f"@{n}@", pname)
+    sig = {rename[n]: pointer_type(k.dtype_of(n)) for n in ins + outs}
+    sig.update(signature)
+    origins = ", ".join(dict.fromkeys(k.group.origins))
+    src = (f"# {name}: computes {origins}\n"
+           f"@triton_heuristics.{decorator[:-1]}, signature={sig!r})\n"
+           f"@triton.jit\n"
+           f"def {name}({', '.join(list(sig) + consts)}):\n"
+           + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
+    return src, ins + outs
 
 
 # ---- The kernel text ----
@@ -94,18 +172,17 @@ pid_n = (pid % width) // group_size
 bid = tl.program_id(1){to64}
 rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}
 rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){to64}
-rk = tl.arange(0, BLOCK_K){to64}
-A = in_ptr0 + ({a_index})
-B = in_ptr1 + ({b_index})
+rk = {rk}{to64}
+A = {a_ptr} + ({a_index})
+B = {b_ptr} + ({b_index})
 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-for k in range(0, K, BLOCK_K):
+for k in range(0, K, {k_step}):
     a = tl.load(A, mask=(rm[:, None] < M) & (rk[None, :] < K - k), other=0.0)
     b = tl.load(B, mask=(rk[:, None] < K - k) & (rn[None, :] < N), other=0.0)
     acc = tl.dot(a, b, acc{precision}, out_dtype=tl.float32)
     A += {a_step}
     B += {b_step}
-C = out_ptr0 + ({c_index})
-tl.store(C, acc.to({out_dtype}), (rm[:, None] < M) & (rn[None, :] < N))"""
+xmask = (rm[:, None] < M) & (rn[None, :] < N)"""
 
 
 def _term(var: str, stride: int) -> list:
@@ -122,16 +199,17 @@ def _index(batch: tuple, strides: list, rows: str, cols: str, offset: int) -> st
     return " + ".join(terms + block)
 
 
+def _batch_index(batch: tuple, j: int, flat: str = "bid") -> str:
+    """Batch dim j's index from the flattened batch number (last dim fastest)."""
+    inner = math.prod(batch[j + 1:])
+    idx = flat if inner == 1 else f"({flat} // {inner})"
+    return idx if inner * batch[j] == math.prod(batch) else f"({idx} % {batch[j]})"
+
+
 def _batch_offset(batch: tuple, strides: tuple) -> list:
     """The offset terms of batch `bid` (the batch dims flattened, last fastest) in one operand."""
-    terms, inner = [], 1
-    for size, stride in reversed(list(zip(batch, strides))):
-        if size != 1 and stride != 0:
-            idx = "bid" if inner == 1 else f"(bid // {inner})"
-            idx = idx if inner * size == math.prod(batch) else f"({idx} % {size})"
-            terms += _term(idx, stride)
-        inner *= size
-    return terms[::-1]
+    return [t for j, (size, stride) in enumerate(zip(batch, strides)) if size != 1
+            for t in _term(_batch_index(batch, j), stride)]
 
 
 def _static(layout) -> bool:
@@ -156,34 +234,198 @@ def template_applies(e, lowered) -> bool:
     return math.prod(int(s) for s in e.layout.shape[:-2]) <= 65535
 
 
-def mm_template(index: int, e, lowered) -> tuple:
-    """(kernel name, kernel source, the buffers and sizes its launch passes)."""
-    (a_name, _, a), (b_name, _, b) = (_operand(x, lowered) for x in e.inputs)
+def _needs_64(*layouts) -> bool:
+    return any(int(x.offset) + sum((int(d) - 1) * abs(int(st)) for d, st in zip(x.shape, x.stride)) + 1
+               >= INT32_LIMIT for x in layouts)
+
+
+def _output_dims(shape: tuple, rows: str, cols: str, flat_batch: str = "bid") -> list:
+    """The index block of each kept (size ≠ 1) dim of the output, for the epilogue hook."""
+    batch = shape[:-2]
+    dims = [_batch_index(batch, j, flat_batch) for j in range(len(batch))] + [rows, cols]
+    return [d for d, s in zip(dims, shape) if s != 1]
+
+
+# ---- §9.8 The template and its split-K partner ----
+
+
+def _mm_kernel(index: int, group, sched, split: int) -> tuple:
+    """The tl.dot kernel: its epilogue fused when split == 1, else it stores float32 partials."""
+    low, e = sched.lowered, group.nodes[0]
+    (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
     shape = tuple(int(s) for s in e.layout.shape)
-    (m, n), k, batch = shape[-2:], int(a.shape[-1]), shape[:-2]
-    sa, sb, sc = ([int(s) for s in x.stride] for x in (a, b, e.layout))
-    big = any(int(x.offset) + sum((int(d) - 1) * abs(int(st)) for d, st in zip(x.shape, x.stride)) + 1
-              >= INT32_LIMIT for x in (a, b, e.layout))
+    (m, n), kk, batch = shape[-2:], int(a.shape[-1]), shape[:-2]
+    sa, sb = ([int(s) for s in x.stride] for x in (a, b))
+    k = TemplateKernel(index, group, sched, "[BLOCK_M, BLOCK_N]")
+    k.index64 = big = _needs_64(a, b, e.layout) or split * math.prod(shape) >= INT32_LIMIT
+    a_ptr, b_ptr = k.arg(a_name, read=True), k.arg(b_name, read=True)
+    steps = "BLOCK_K" if split == 1 else "BLOCK_K * SPLIT_K"
     body = _MM_BODY.format(
-        M=m, N=n, K=k, to64=".to(tl.int64)" if big else "",
+        M=m, N=n, K=kk, to64=".to(tl.int64)" if big else "", a_ptr=a_ptr, b_ptr=b_ptr,
+        rk="tl.arange(0, BLOCK_K)" if split == 1 else "(tl.program_id(2) * BLOCK_K + tl.arange(0, BLOCK_K))",
         a_index=_index(batch, sa, "rm[:, None]", "rk[None, :]", int(a.offset)),
-        b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]", int(b.offset)),
-        c_index=_index(batch, sc, "rm[:, None]", "rn[None, :]", 0),
-        a_step=" * ".join(_term("BLOCK_K", sa[-1])) or "0", b_step=" * ".join(_term("BLOCK_K", sb[-2])) or "0",
-        precision=', input_precision="ieee"' if e.dtype.name == "float32" else "",
-        out_dtype=TEMPLATE_DTYPES[e.dtype.name])
+        b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]", int(b.offset)), k_step=steps,
+        a_step=" * ".join(_term(steps, sa[-1])) or "0", b_step=" * ".join(_term(steps, sb[-2])) or "0",
+        precision=f', input_precision="{input_precision()}"' if e.dtype.name == "float32" else "")
+    if split == 1:
+        acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
+        dims = _output_dims(shape, "rm[:, None]", "rn[None, :]")
+        k.partial_block = m == 1 or n == 1
+        epilogue = fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
+    else:     # partials [SPLIT_K, batch, M, N] in float32; the second kernel sums them
+        k.writes[f"{e.name}_partials"] = True
+        k.scratch[f"{e.name}_partials"] = float32
+        epilogue = [f"tl.store(@{e.name}_partials@ + (tl.program_id(2) * {math.prod(shape)} + "
+                    f"{_index(batch, [n * m * math.prod(batch[j + 1:]) for j in range(len(batch))] + [n, 1], 'rm[:, None]', 'rn[None, :]', 0)}), acc, xmask)"]
     name = f"triton_tem_fused_mm_{index}"
-    ptr = "*" + {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[e.dtype.name]
     numel_type = "i64" if big else "i32"
-    signature = {"in_ptr0": ptr, "in_ptr1": ptr, "out_ptr0": ptr, "bnumel": numel_type,
-                 "mnumel": numel_type, "nnumel": numel_type, "knumel": numel_type}
-    hints = {"b": next_pow2(math.prod(batch)), "m": next_pow2(m), "n": next_pow2(n),
-             "k": next_pow2(k)}
-    consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr", "BLOCK_K : tl.constexpr",
-              "GROUP_M : tl.constexpr"]
-    src = (f"# {name}: computes {', '.join(dict.fromkeys(e.origins))}\n"
-           f"@triton_heuristics.template(size_hints={hints!r}, signature={signature!r})\n"
-           f"@triton.jit\n"
-           f"def {name}({', '.join(list(signature) + consts)}):\n"
-           + "\n".join("    " + line if line else line for line in body.split("\n")) + "\n")
-    return name, src, [a_name, b_name], [math.prod(batch), m, n, k]
+    hints = {"b": next_pow2(math.prod(batch)), "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(kk)}
+    meta = {"itemsize": e.dtype.itemsize, "tuning_key": _tuning_key(e, a, b, split)}
+    if split > 1:
+        meta["SPLIT_K"] = split
+    consts = [f"{c} : tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+              + (("SPLIT_K",) if split > 1 else ())]
+    src, params = finish_template(
+        k, name, body.split("\n") + epilogue,
+        {v: numel_type for v in ("bnumel", "mnumel", "nnumel", "knumel")}, consts,
+        f"template(size_hints={hints!r}, meta={meta!r})")
+    return TemplateLaunch(name, src, params, [math.prod(batch), m, n, kk])
+
+
+def _tuning_key(e, a, b, split: int) -> str:
+    """What decides the best blocks of a GEMM: sizes, operand layouts, dtype, precision, split."""
+    return (f"mm {e.dtype.name} out={tuple(e.layout.shape)} a={tuple(a.stride)}+{a.offset} "
+            f"b={tuple(b.stride)}+{b.offset} k={a.shape[-1]} split={split} {input_precision()}")
+
+
+_SUM_HEAD = """\
+xnumel = {numel}
+xoffset = tl.program_id(0){to64} * XBLOCK
+xindex = xoffset + tl.arange(0, XBLOCK)
+xmask = xindex < xnumel
+# §9.8 split-K: the {split} partial products, summed in a fixed order (deterministic)
+acc = tl.load(@{partials}@ + (xindex), xmask)"""
+
+
+def _split_k_sum(index: int, group, sched, split: int) -> TemplateLaunch:
+    """Σ over the s partials of [s, batch, M, N], then the group's epilogue (after the sum)."""
+    e = group.nodes[0]
+    shape = tuple(int(s) for s in e.layout.shape)
+    numel = math.prod(shape)
+    k = TemplateKernel(index, group, sched, "[XBLOCK]")
+    k.index64 = big = split * numel >= INT32_LIMIT or k.index64
+    k.reads[f"{e.name}_partials"] = True
+    k.scratch[f"{e.name}_partials"] = float32
+    lines = _SUM_HEAD.format(numel=numel, to64=".to(tl.int64)" if big else "", split=split,
+                             partials=f"{e.name}_partials").split("\n")
+    lines += [f"for z in range(1, {split}):",
+              f"    acc += tl.load(@{e.name}_partials@ + (z * {numel} + xindex), xmask)"]
+    batch, (m, n) = shape[:-2], shape[-2:]
+    dims = _output_dims(shape, f"((xindex // {n}) % {m})" if batch else f"(xindex // {n})", f"(xindex % {n})",
+                        flat_batch=f"(xindex // {m * n})")
+    acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
+    lines += fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
+    name = f"triton_poi_fused_{index}"
+    src, params = finish_template(k, name, lines, {"xnumel": "i64" if big else "i32"},
+                                  ["XBLOCK : tl.constexpr"],
+                                  f"pointwise(size_hints={{'x': {next_pow2(numel)}}})")
+    return TemplateLaunch(name, src, params, [numel])
+
+
+# ---- §9.8 The persistent TMA template (Hopper) ----
+
+_PERSISTENT_BODY = """\
+M = {M}
+N = {N}
+K = {K}
+# §9.8 persistent TMA: one program per SM loops over the output tiles, numbered in groups of
+# GROUP_M row blocks (Prop. 9.4); the operands arrive through tensor descriptors (Hopper's TMA),
+# which fill the blocks past M, N and K with zeros
+grid_m = (M + BLOCK_M - 1) // BLOCK_M
+grid_n = (N + BLOCK_N - 1) // BLOCK_N
+width = GROUP_M * grid_n
+A_desc = {a_desc}
+B_desc = {b_desc}
+for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS):
+    group_id = tile // width
+    group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
+    pid_m = group_id * GROUP_M + (tile % group_size)
+    pid_n = (tile % width) // group_size
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = {a_load}
+        b = {b_load}
+        acc = tl.dot(a, b, acc{precision}, out_dtype=tl.float32)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    xmask = (rm[:, None] < M) & (rn[None, :] < N)"""
+
+
+def _descriptor(ptr: str, layout, size: int, rows: int, cols: int, block: tuple, at: tuple) -> tuple | None:
+    """(descriptor, load offsets, ".T" or "") of one [rows, cols] operand read through TMA: row-major as it is, a
+    column-major one (`w.t()`) as its [cols, rows] transpose loaded and `.T`-ed; None when TMA
+    cannot read it (no unit stride, or a start or row stride not a multiple of 16 bytes)."""
+    st, off = [int(x) for x in layout.stride[-2:]], int(layout.offset)
+    base = f"{ptr} + {off}" if off else ptr
+    if (off * size) % 16:
+        return None
+    if st[1] == 1 and (st[0] * size) % 16 == 0 and st[0] >= cols:
+        return (f"tl.make_tensor_descriptor({base}, shape=[{rows}, {cols}], strides=[{st[0]}, 1], "
+                f"block_shape=[{block[0]}, {block[1]}])", "[{}, {}]".format(*at), "")
+    if st[0] == 1 and (st[1] * size) % 16 == 0 and st[1] >= rows:
+        return (f"tl.make_tensor_descriptor({base}, shape=[{cols}, {rows}], strides=[{st[1]}, 1], "
+                f"block_shape=[{block[1]}, {block[0]}])", "[{}, {}]".format(*at[::-1]), ".T")
+    return None
+
+
+def _persistent_tma_kernel(index: int, group, sched) -> TemplateLaunch | None:
+    """`triton_persistent_tma_mm`: the same product and epilogue, one program per SM (None when
+    an operand cannot be read through TMA, or there are batches)."""
+    low, e = sched.lowered, group.nodes[0]
+    (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
+    shape = tuple(int(s) for s in e.layout.shape)
+    (m, n), kk = shape[-2:], int(a.shape[-1])
+    target = current_target()
+    if (math.prod(shape[:-2]) != 1 or _needs_64(a, b, e.layout) or target.cc < 90
+            or math.ceil(m / 128) * math.ceil(n / 128) < PERSISTENT_MIN_TILES * target.sm_count):
+        return None
+    k = TemplateKernel(index, group, sched, "[BLOCK_M, BLOCK_N]")
+    a_ptr, b_ptr = k.arg(a_name, read=True), k.arg(b_name, read=True)
+    size = e.dtype.itemsize
+    ad = _descriptor(a_ptr, a, size, m, kk, ("BLOCK_M", "BLOCK_K"), ("pid_m * BLOCK_M", "k"))
+    bd = _descriptor(b_ptr, b, size, kk, n, ("BLOCK_K", "BLOCK_N"), ("k", "pid_n * BLOCK_N"))
+    if ad is None or bd is None:
+        return None
+    body = _PERSISTENT_BODY.format(
+        M=m, N=n, K=kk, a_desc=ad[0], b_desc=bd[0], a_load=f"A_desc.load({ad[1]}){ad[2]}",
+        b_load=f"B_desc.load({bd[1]}){bd[2]}",
+        precision=f', input_precision="{input_precision()}"' if e.dtype.name == "float32" else "")
+    acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
+    k.partial_block = m == 1 or n == 1
+    epilogue = fuse_epilogue(k, group.nodes[1:], _output_dims(shape, "rm[:, None]", "rn[None, :]"), {e.name: acc})
+    name = f"triton_persistent_tma_mm_{index}"
+    hints = {"b": 1, "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(kk)}
+    meta = {"itemsize": size, "tuning_key": _tuning_key(e, a, b, 1) + " persistent",
+            "NUM_SMS": current_target().sm_count, "tma": True}
+    consts = [f"{c} : tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "NUM_SMS")]
+    src, params = finish_template(
+        k, name, body.split("\n") + ["    " + line for line in epilogue],
+        {v: "i32" for v in ("bnumel", "mnumel", "nnumel", "knumel")}, consts,
+        f"template(size_hints={hints!r}, meta={meta!r})")
+    return TemplateLaunch(name, src, params, [1, m, n, kk])
+
+
+def mm_template(index: int, group, sched) -> tuple:
+    """A template group's launches, in order, and its scratch buffers ({name: (numel, dtype)}):
+    one kernel with the epilogue fused, or under split-K the partials' kernel and their sum."""
+    e = group.nodes[0]
+    a = _operand(e.inputs[0], sched.lowered)[2]
+    shape = tuple(int(s) for s in e.layout.shape)
+    (m, n), kk = shape[-2:], int(a.shape[-1])
+    split = split_k_factor(m, n, kk, math.prod(shape[:-2]), current_target().sm_count)
+    if split == 1:
+        plain = _mm_kernel(index, group, sched, 1)
+        plain.alternative = _persistent_tma_kernel(index, group, sched)
+        return [plain], {}
+    return ([_mm_kernel(index, group, sched, split), _split_k_sum(index + 1, group, sched, split)],
+            {f"{e.name}_partials": (split * math.prod(shape), float32)})

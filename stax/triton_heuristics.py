@@ -2,7 +2,7 @@
 
 Layer: back end (GPU runtime), Inductor's `triton_heuristics`. Imports the §9.6 search and the
 configurations of generated kernels (`autotune`), the §9.8 template's configurations
-(`templates`, imported for a template only), the cache (`cache`) and the driver (`cuda`, `cuda_triton`). runtime.py's
+(`template_tuning`, imported for a template only), the cache (`cache`) and the driver (`cuda`, `cuda_triton`). runtime.py's
 `async_compile` hands each kernel's text to `kernel_from_source`. Importing it imports neither
 triton nor the driver: a warm start (cubins and choices on disk) never imports triton.
 
@@ -60,13 +60,13 @@ from stax.triton_helpers import libdevice
 '''
 
 # ---- §9.6 Configurations of any kernel: generated kernels (autotune) and the §9.8 template ----
-# (templates.py is imported only for a template: it brings sympy, which a warm start never needs)
+# (template_tuning.py is imported only for a template)
 
 
 def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> Config:
     """The heuristic configuration: what a kernel runs with before (or without) measurement."""
     if kind == "template":
-        from .templates import template_configs
+        from .template_tuning import template_configs
         return template_configs(numels)[0]
     if kind.startswith("attention"):
         from .attention_kernels import attention_configs
@@ -77,7 +77,7 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
 def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
     """Definition 9.1: the grid of a launch with configuration `cfg`."""
     if kind == "template":
-        from .templates import template_grid
+        from .template_tuning import template_grid
         return template_grid(numels, cfg)
     if kind.startswith("attention"):
         from .attention_kernels import attention_grid
@@ -88,7 +88,7 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
 def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> list:
     """§9.6's candidate set C, the heuristic default first."""
     if kind == "template":
-        from .templates import template_configs, template_grid
+        from .template_tuning import template_configs, template_grid
         return autotune.launchable(template_configs(numels), lambda c: template_grid(numels, c))
     if kind.startswith("attention"):
         from .attention_kernels import attention_configs, attention_grid
@@ -99,7 +99,7 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
 def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) -> dict:
     """Definition 9.2's Π for mode="max-autotune"."""
     if kind == "template":
-        from .templates import template_tuning_space
+        from .template_tuning import template_tuning_space
         return template_tuning_space(start)
     if kind.startswith("attention"):
         from .attention_kernels import attention_tuning_space
@@ -328,8 +328,10 @@ class CachingAutotuner:
     """
 
     def __init__(self, name, kind, size_hints, signature, reduction_hint=None, tile_hint=None,
-                 fn=None, source=None):
+                 fn=None, source=None, meta=None):
         self.name, self.kind, self.size_hints = name, kind, size_hints
+        # a template's facts beyond its numels (element size, SPLIT_K, the GEMM's tuning key)
+        self.meta = dict(meta or {})
         self.signature, self.reduction_hint = signature, reduction_hint
         self._fn, self._source = fn, source
         self.numel_names = [n for n in signature if n.endswith("numel")]
@@ -360,6 +362,7 @@ class CachingAutotuner:
 
     def choose_config(self, numels: dict, args=()) -> Config:
         if self.config is None:
+            numels = {**numels, **self.meta}    # (a MultiKernel passes the launch's numels alone)
             if cuda.interpreting():
                 self.config = default_config(self.kind, numels, self.reduction_hint, self.r0_block)
             else:
@@ -381,7 +384,7 @@ class CachingAutotuner:
 
     def _slow_run(self, args, ptrs):
         n = len(self.numel_names)
-        numels = dict(zip(self.numel_names, args[len(args) - n:]))
+        numels = {**dict(zip(self.numel_names, args[len(args) - n:])), **self.meta}
         cfg = self.choose_config(numels, args)
         grid = self.grid(numels, cfg)
         if 0 in grid:
@@ -418,9 +421,13 @@ class CachingAutotuner:
         if (small and search is None) or not autotune_enabled(self.options):
             return cands[0]
         props = cuda.get_device_properties()
-        key = cache.content_hash(self.source, repr(cands), props.name, repr(props.cc), _triton_version(),
-                                 repr(search), repr(sorted(self.options.items())), cache.FORMAT)
-        path = cache.folder("autotune") / f"{self.name}_{key}.json"
+        # identical GEMMs (shape, layouts, dtypes, precision) share one record, whatever their
+        # names and epilogues (§9.8: the epilogue does not change which blocks are fastest)
+        shared = self.meta.get("tuning_key")
+        key = cache.content_hash(shared or self.source, repr(cands), props.name, repr(props.cc),
+                                 _triton_version(), repr(search), repr(sorted(self.options.items())),
+                                 cache.FORMAT)
+        path = cache.folder("autotune") / f"{'template' if shared else self.name}_{key}.json"
         if key not in _RECORDS:
             choice = _load_choice(path)
             if choice is not None:
@@ -531,7 +538,7 @@ class CachingAutotuner:
 
     def compile_for(self, cc: int = 90, cfg: Config | None = None):
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
-        numels = {f"{p}numel": n for p, n in self.size_hints.items()}
+        numels = {**{f"{p}numel": n for p, n in self.size_hints.items()}, **self.meta}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         return cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
@@ -563,6 +570,10 @@ class CachingAutotuner:
 # ---- §9.4 A multi-pass row's two forms ----
 
 
+def _misaligned(args) -> bool:
+    return any(a.data_ptr() & 15 for a in args if a.__class__ is not int)
+
+
 class MultiKernel:
     """Alternative kernels for one fusion group: a multi-pass row's persistent and looped forms
     (§9.4). The first launch runs Algorithm 9.1 for each and keeps the one whose best configuration
@@ -572,16 +583,23 @@ class MultiKernel:
     def __init__(self, name: str, kernels: list):
         self.name, self.kernels = name, kernels
         self.chosen = None
+        # §9.8: a persistent TMA template reads 16-byte aligned operands only; the first kernel
+        # (the grouped template) runs any call whose buffers are not
+        self.tma = any(getattr(k, "meta", {}).get("tma") for k in kernels)
 
     def run(self, *args, stream=None):
         kernel = self.chosen
         if kernel is None:
             kernel = self.chosen = self._choose(args)
+        if self.tma and kernel is not self.kernels[0] and _misaligned(args):
+            kernel = self.kernels[0]
         kernel.run(*args, stream=stream)
 
     def _choose(self, args) -> CachingAutotuner:
         if cuda.interpreting():
             return self.kernels[0]
+        if self.tma and _misaligned(args):
+            return self.kernels[0]         # never measure a TMA kernel on unaligned operands
         first = self.kernels[0]
         numels = dict(zip(first.numel_names, args[len(args) - len(first.numel_names):]))
         for k in self.kernels:
@@ -611,13 +629,13 @@ def kernel_from_source(name: str, source: str) -> CachingAutotuner:
     for k in deco.keywords:
         kw[k.arg] = k.value.attr if isinstance(k.value, ast.Attribute) else ast.literal_eval(k.value)
     return CachingAutotuner(name, deco.func.attr, kw.get("size_hints", {}), kw.get("signature", {}),
-                        kw.get("reduction_hint"), kw.get("tile_hint"), source=source)
+                        kw.get("reduction_hint"), kw.get("tile_hint"), source=source, meta=kw.get("meta"))
 
 
 def _decorator(kind):
-    def make(size_hints, reduction_hint=None, tile_hint=None, signature=None, **_):
+    def make(size_hints, reduction_hint=None, tile_hint=None, signature=None, meta=None, **_):
         return lambda fn: CachingAutotuner(fn.__name__, kind, size_hints, signature or {}, reduction_hint,
-                                           tile_hint, fn=fn)
+                                           tile_hint, fn=fn, meta=meta)
     return make
 
 

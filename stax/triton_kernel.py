@@ -69,6 +69,11 @@ def tl_dtype(dtype) -> str:
     return _TL[dtype.name]
 
 
+def pointer_type(dtype) -> str:
+    """A pointer parameter's type in a kernel's signature (`*fp32`)."""
+    return _SIG[dtype.name]
+
+
 def literal(value, dtype) -> str:
     if dtype == bool_:
         return "True" if value else "False"

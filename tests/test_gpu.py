@@ -167,6 +167,9 @@ EXAMPLES = {
     "outer_split": (lambda x: x.sum(0), [(1024, 512)]),
 }
 MORE = {
+    # §9.8: the persistent TMA template (≥ one 128² output tile per SM) and split-K (k ≥ 128·max(m, n))
+    "mm_persistent": (lambda a, b, c: stax.relu(a @ b + c), [(2048, 64), (64, 1536), (1536,)]),
+    "mm_split_k": (lambda a, b, c: a @ b + c, [(32, 4096), (4096, 32), (32,)]),
     "argmax": (lambda x: (x.argmax(1), x.argmin(0), x.amin()), [(37, 5300)]),
     "unary": (lambda x: x.exp() + x.abs().log() + x.tanh() + x.erf() + x.abs() ** 2.5 + x // 3 + x.round(), [(300,)]),
     "layer_norm": (lambda x, w, b: stax.layer_norm(x, (4096,), w, b), [(64, 4096), (4096,), (4096,)]),
@@ -191,7 +194,7 @@ for path in sys.argv[1:]:
     spec.loader.exec_module(mod)
     for name, obj in vars(mod).items():
         if name.startswith("triton_") and hasattr(obj, "compile_for"):
-            numels = {p + "numel": n for p, n in obj.size_hints.items()}
+            numels = {**{p + "numel": n for p, n in obj.size_hints.items()}, **obj.meta}   # as a launch sees them
             for i, cfg in enumerate(candidates(obj.kind, numels, obj.reduction_hint, obj.r0_block)):
                 cubin, info, _ = obj.compile_for(90, cfg)
                 out[path + ":" + name + ":" + str(i)] = (cubin[:4] == b"\\x7fELF", info.num_warps)
@@ -216,7 +219,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
         paths.append(str(path))
         for kname, text in gen.kernels.items():
             k = kernel_from_source(kname, text)
-            numels = {p + "numel": n for p, n in k.size_hints.items()}
+            numels = {**{p + "numel": n for p, n in k.size_hints.items()}, **k.meta}
             expected += len(candidates(k.kind, numels, k.reduction_hint, k.r0_block))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True,

@@ -1,7 +1,7 @@
-# triton_tem_fused_mm_0: computes matmul
-@triton_heuristics.template(size_hints={'b': 1, 'm': 64, 'n': 256, 'k': 128}, signature={'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'out_ptr0': '*fp32', 'bnumel': 'i32', 'mnumel': 'i32', 'nnumel': 'i32', 'knumel': 'i32'})
+# triton_tem_fused_mm_0: computes matmul, add, relu
+@triton_heuristics.template(size_hints={'b': 1, 'm': 64, 'n': 256, 'k': 128}, meta={'itemsize': 4, 'tuning_key': 'mm float32 out=(64, 256) a=(128, 1)+0 b=(1, 128)+0 k=128 split=1 ieee'}, signature={'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'in_ptr2': '*fp32', 'out_ptr0': '*fp32', 'bnumel': 'i32', 'mnumel': 'i32', 'nnumel': 'i32', 'knumel': 'i32'})
 @triton.jit
-def triton_tem_fused_mm_0(in_ptr0, in_ptr1, out_ptr0, bnumel, mnumel, nnumel, knumel, BLOCK_M : tl.constexpr, BLOCK_N : tl.constexpr, BLOCK_K : tl.constexpr, GROUP_M : tl.constexpr):
+def triton_tem_fused_mm_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, bnumel, mnumel, nnumel, knumel, BLOCK_M : tl.constexpr, BLOCK_N : tl.constexpr, BLOCK_K : tl.constexpr, GROUP_M : tl.constexpr):
     M = 64
     N = 256
     K = 128
@@ -28,22 +28,11 @@ def triton_tem_fused_mm_0(in_ptr0, in_ptr1, out_ptr0, bnumel, mnumel, nnumel, kn
         acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=tl.float32)
         A += BLOCK_K
         B += BLOCK_K
-    C = out_ptr0 + (rm[:, None] * 256 + rn[None, :])
-    tl.store(C, acc.to(tl.float32), (rm[:, None] < M) & (rn[None, :] < N))
-
-# triton_poi_fused_1: computes add, relu
-@triton_heuristics.pointwise(size_hints={'x': 16384}, signature={'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32'})
-@triton.jit
-def triton_poi_fused_1(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
-    xnumel = 16384
-    xoffset = tl.program_id(0) * XBLOCK
-    xindex = xoffset + tl.arange(0, XBLOCK)[:]
-    xmask = tl.full([XBLOCK], True, tl.int1)[:]
-    x1 = xindex % 256
-    x0 = (xindex // 256)
-    tmp0 = tl.load(in_ptr0 + (256*x0 + x1))
-    tmp1 = tl.load(in_ptr1 + (x1))
-    tmp2 = (tmp0 + tmp1)
-    tmp3 = tl.full([1], 0, tl.int32)
-    tmp4 = tl.maximum(tmp3, tmp2, tl.PropagateNan.ALL)
-    tl.store(out_ptr0 + (256*x0 + x1), tmp4)
+    xmask = (rm[:, None] < M) & (rn[None, :] < N)
+    x0 = rm[:, None]
+    x1 = rn[None, :]
+    tmp0 = tl.load(in_ptr2 + (x1), xmask)
+    tmp1 = (acc + tmp0)
+    tmp2 = tl.full([1, 1], 0, tl.int32)
+    tmp3 = tl.maximum(tmp2, tmp1, tl.PropagateNan.ALL)
+    tl.store(out_ptr0 + (256*x0 + x1), tmp3, xmask)

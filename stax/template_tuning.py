@@ -1,0 +1,156 @@
+"""§9.8 (with §9.6) The matmul templates at launch time: candidates, grids, tuning cost.
+
+Layer: back end (GPU), launch time: imports only `autotune` (next_pow2). triton_heuristics.py
+imports it for a template kernel (a warm start needs no sympy and no printer), and templates.py
+(the kernel text) reads GROUP_M and the split-K and precision choices from here.
+
+Consumes the numels a template launch passes (`bnumel`, `mnumel`, `nnumel`, `knumel`) and the
+facts its decorator carries (`meta`: the element size, SPLIT_K, the tuning key); produces the
+candidate configurations (Alg. 9.1's set), the grid (Def. 9.1) and the max-autotune space.
+
+Where to look:
+  - `grouped_blocks_read` ........ Prop. 9.4 / Fig. 9.1: the A and B blocks W programs read
+  - `stage_bytes`, `fits_shared_memory`  the pipeline's shared memory, checked before compiling
+  - `split_k_applies`, `split_k_factor`  the chapter's criterion k ≥ 128·max(m, n), and s
+  - `set_float32_matmul_precision` the global precision setting (tl.dot's input_precision)
+  - `template_configs`, `template_grid`, `template_tuning_space`  §9.6 for the templates
+"""
+from __future__ import annotations
+
+import math
+
+from .autotune import next_pow2
+
+GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ one program per SM
+SMEM_BUDGET = 227 * 1024      # bytes of shared memory one block may use on an H100/H200 (sm_90)
+SPLIT_K_RATIO = 128           # §9.8: split K when k ≥ 128·max(m, n)
+SPLIT_K_MIN_PIECE = 256       # each split multiplies at least this much of K
+SPLIT_K_MAX = 128             # bounds the partials' traffic: s × m × n float32 written and read
+PRECISIONS = {"highest": "ieee", "high": "tf32", "medium": "tf32"}
+_precision = ["highest"]      # PyTorch's default: float32 matmuls in IEEE float32
+
+
+# ---- §9.8 Precision of float32 operands ----
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """As torch.set_float32_matmul_precision: "highest" multiplies float32 in IEEE float32,
+    "high" and "medium" let tl.dot use TF32 (10-bit mantissas, float32 accumulation). Functions
+    compiled afterwards use it (it is part of every compiled function's key)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"float32 matmul precision must be one of {sorted(PRECISIONS)}, "
+                         f"not {precision!r}")
+    _precision[0] = next(p for p in PRECISIONS if p == precision)   # the one str object (cheap `is` test)
+
+
+def get_float32_matmul_precision() -> str:
+    return _precision[0]
+
+
+def input_precision() -> str:
+    """tl.dot's input_precision for float32 operands under the current setting."""
+    return PRECISIONS[_precision[0]]
+
+
+# ---- Prop. 9.4 Grouped numbering ----
+
+
+def grouped_blocks_read(gm: int, gn: int, w: int, group: int) -> tuple:
+    """(row blocks of A, column blocks of B) that programs 0..w-1 read on a gm × gn grid of
+    output blocks, numbered as the template numbers them (group = 1 is row-major order).
+
+    Runs the template's own pid → (pid_m, pid_n) lines, so the count is of what the kernel does."""
+    rows, cols = set(), set()
+    for pid in range(min(w, gm * gn)):
+        width = group * gn
+        group_id = pid // width
+        group_size = min(gm - group_id * group, group)
+        rows.add(group_id * group + pid % group_size)
+        cols.add((pid % width) // group_size)
+    return len(rows), len(cols)
+
+
+# ---- §9.8 Software pipelining: shared memory per stage ----
+
+
+def stage_bytes(cfg: dict, itemsize: int) -> int:
+    """Bytes one pipeline stage holds: a BLOCK_M × BLOCK_K tile of A and BLOCK_K × BLOCK_N of B."""
+    return (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * itemsize
+
+
+def fits_shared_memory(cfg: dict, itemsize: int, budget: int = SMEM_BUDGET) -> bool:
+    """num_stages buffers of each operand must fit the SM's shared memory (§9.8's bound on s)."""
+    return stage_bytes(cfg, itemsize) * cfg["num_stages"] <= budget
+
+
+# ---- §9.8 Split-K ----
+
+
+def split_k_applies(m: int, n: int, k: int) -> bool:
+    """The chapter's criterion: K long enough that the output blocks alone cannot fill the SMs."""
+    return k >= SPLIT_K_RATIO * max(m, n)
+
+
+def split_k_factor(m: int, n: int, k: int, batch: int, sm_count: int) -> int:
+    """s: enough programs for every SM (one per 64 × 64 output block), each split at least
+    SPLIT_K_MIN_PIECE of K, at most SPLIT_K_MAX; 1 when the criterion does not hold. It is fixed
+    when the code is generated (the partials' buffer is sized for it), not tuned."""
+    if not split_k_applies(m, n, k):
+        return 1
+    tiles = math.ceil(m / 64) * math.ceil(n / 64) * batch
+    s = next_pow2(max(1, math.ceil(sm_count / tiles)))
+    return max(1, min(s, SPLIT_K_MAX, k // SPLIT_K_MIN_PIECE))
+
+
+# ---- §9.6 Launch configurations and the grid ----
+
+
+def template_configs(numels: dict) -> list:
+    """The candidate set: block shapes around the chapter's 128×128×32, clamped to the sizes, and
+    without those whose pipeline would not fit in shared memory (never compiled).
+
+    The first is the heuristic default (what runs unmeasured, e.g. in Triton's interpreter)."""
+    m, n, k = (int(numels.get(f"{p}numel", 1)) for p in "mnk")
+    itemsize, split = int(numels.get("itemsize", 4)), int(numels.get("SPLIT_K", 1))
+    cap_m, cap_n = (max(16, next_pow2(v)) for v in (m, n))
+    cap_k = max(16, next_pow2(-(-k // split)))
+    out = []
+    for bm, bn, bk, warps, stages in ((64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 4),
+                                      (64, 128, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4),
+                                      (128, 256, 64, 8, 4), (256, 128, 64, 8, 4),
+                                      (32, 32, 32, 4, 2), (16, 64, 64, 4, 3)):
+        cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "BLOCK_K": min(bk, cap_k),
+               "GROUP_M": GROUP_M, "num_warps": warps, "num_stages": stages}
+        if split > 1:
+            cfg["SPLIT_K"] = split
+        if "NUM_SMS" in numels:           # the persistent template: its grid is one program per SM
+            cfg["NUM_SMS"] = int(numels["NUM_SMS"])
+        if cfg not in out and fits_shared_memory(cfg, itemsize):
+            out.append(cfg)
+    return out
+
+
+def template_tuning_space(start: dict) -> dict:
+    """Definition 9.2's Π for mode="max-autotune" (GROUP_M stays the chapter's 8, SPLIT_K the
+    generator's s: the partials' buffer is sized for it)."""
+    space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
+             "BLOCK_K": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
+             "GROUP_M": [GROUP_M]}
+    for fixed in ("SPLIT_K", "NUM_SMS"):
+        if fixed in start:
+            space[fixed] = [start[fixed]]
+    for name, value in start.items():
+        if value not in space[name]:
+            space[name] = sorted(space[name] + [value])
+    return space
+
+
+def template_grid(numels: dict, cfg: dict) -> tuple:
+    """One program per BLOCK_M × BLOCK_N output block along program_id(0), batches along (1), the
+    SPLIT_K pieces of K along (2); the persistent template: min(tiles, NUM_SMS) programs."""
+    def cdiv(a, b):
+        return -(-int(a) // b)
+    tiles = cdiv(numels["mnumel"], cfg["BLOCK_M"]) * cdiv(numels["nnumel"], cfg["BLOCK_N"])
+    if "NUM_SMS" in cfg:              # persistent: each program loops over tiles NUM_SMS apart
+        return (min(tiles, cfg["NUM_SMS"]), 1, 1)
+    return (tiles, int(numels["bnumel"]), cfg.get("SPLIT_K", 1))
