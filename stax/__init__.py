@@ -665,3 +665,17 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
     if not callable(fn):
         raise TypeError(f"stax.compile expects a function, got {type(fn).__name__}")
     return CompiledFunction(fn, fullgraph, mode, options, dynamic)
+
+
+# ---- §10.2 export (stax/export.py), loaded on first use: it needs sympy, which `import stax` avoids ----
+
+_EXPORT_NAMES = ("export", "Dim", "make_graph", "ExportedProgram", "ConstraintViolation")
+
+
+def __getattr__(name):
+    if name not in _EXPORT_NAMES:
+        raise AttributeError(f"module 'stax' has no attribute {name!r}")
+    import importlib                    # (not `from . import export`: that asks this hook for it)
+    module = importlib.import_module(".export", __package__)   # binds stax.export to the module: rebind
+    globals().update({n: getattr(module, n) for n in _EXPORT_NAMES})
+    return globals()[name]
