@@ -806,7 +806,7 @@ def generate(sched) -> CppModule:
         call, new = [], set()
         if g.kind == "extern":
             e = g.nodes[0]
-            call += extern_call(e, low.unbacked, pydtype(e.dtype))
+            call += extern_call(e, low.unbacked, pydtype(e.dtype), low.checks)
             new.add(e.name)
         else:
             k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)

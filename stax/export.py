@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import builtins
 import inspect
-import math
 from dataclasses import dataclass, field
 
 import sympy
@@ -146,27 +145,6 @@ def _declared_dims(names, args, dynamic_shapes) -> dict:
 # ---- §10.2 Adjudicating the guards against the declared ranges ----
 
 
-def _as_bound(guard):
-    """(symbol, lo, hi) when `guard` is a linear bound (or a specialization) on one symbol, else None."""
-    if not isinstance(guard, (sympy.Eq, sympy.Gt, sympy.Ge, sympy.Lt, sympy.Le)):
-        return None
-    d = sympy.expand(guard.lhs - guard.rhs)
-    if len(d.free_symbols) != 1:
-        return None
-    (s,) = d.free_symbols
-    a, b = d.coeff(s, 1), d.subs(s, 0)
-    if not (a.is_Number and b.is_Number and a != 0 and sympy.expand(a * s + b - d) == 0):
-        return None
-    t = -b / a                                   # the relation is `s R t`, R flipped when a < 0
-    kind = type(guard)
-    if a < 0:
-        kind = {sympy.Gt: sympy.Lt, sympy.Lt: sympy.Gt, sympy.Ge: sympy.Le, sympy.Le: sympy.Ge}.get(kind, kind)
-    if kind is sympy.Eq:
-        return (s, t, t) if t.is_Integer else (s, 1, 0)
-    return {sympy.Gt: (s, math.floor(t) + 1, None), sympy.Ge: (s, math.ceil(t), None),
-            sympy.Lt: (s, None, math.ceil(t) - 1), sympy.Le: (s, None, math.floor(t))}[kind]
-
-
 def _range_text(lo, hi) -> str:
     return f"[{lo}, {'inf' if hi is None else hi}]"
 
@@ -179,7 +157,7 @@ def _violation_message(violated, env) -> str:
     for s, lo, hi, guard in violated:
         a, b = env.ranges[s]
         lines.append(f"  - Not all values of {env.dims[s].name} in {_range_text(a, b)} satisfy the guard "
-                     f"{_relation_text(env.named(guard))}, which the program was captured under")
+                     f"{dynshape.relation_text(env.named(guard))}, which the program was captured under")
         flo, fhi = fixes.get(s, (a, b))
         flo = flo if lo is None else builtins.max(flo, int(lo))
         fhi = fhi if hi is None else (int(hi) if fhi is None else builtins.min(fhi, int(hi)))
@@ -203,7 +181,7 @@ def _adjudicate(env) -> list:
     for guard in env.guards:
         if env.evaluate(guard) is True:          # outcome 1: implied by the declared ranges
             continue
-        bound = _as_bound(guard)
+        bound = dynshape.linear_bound(guard)
         if bound is not None and bound[0] in env.ranges:
             violated.append(bound + (guard,))    # outcome 2
         else:
@@ -211,14 +189,6 @@ def _adjudicate(env) -> list:
     if violated:
         raise ConstraintViolation(_violation_message(violated, env))
     return kept
-
-
-_REL_OPS = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Gt: ">", sympy.Ge: ">=", sympy.Lt: "<", sympy.Le: "<="}
-
-
-def _relation_text(guard) -> str:
-    """`n > 32`, `x.size()[0] == y.size()[0]`: a guard as the user would write it."""
-    return f"{dynshape.pyexpr(guard.lhs)} {_REL_OPS[type(guard)]} {dynshape.pyexpr(guard.rhs)}"
 
 
 # ---- §10.2 The printed graph (Example 10.1) ----
@@ -293,7 +263,7 @@ class _GraphPrinter:
         if e.is_Symbol:
             return self.size(*self.sources[e][0])
         if isinstance(e, sympy.Rel):
-            op = _REL_OPS[type(e)]
+            op = dynshape.REL_OPS[type(e)]
             base = {"==": "eq", "!=": "ne", ">": "gt", ">=": "ge", "<": "lt", "<=": "le"}[op]
             return self.emit(base, f"{self.expr(e.lhs, check)} {op} {self.expr(e.rhs, check)}", check)
         if type(e) in _SYMPY_OPS:
@@ -354,7 +324,7 @@ class _GraphPrinter:
             if isinstance(g, (sympy.Eq, sympy.Ne)) and self._first_read(g.rhs) < self._first_read(g.lhs):
                 g = type(g)(g.rhs, g.lhs, evaluate=False)    # the earlier input on the left
             value = self.expr(g, check=True)
-            what = _relation_text(g.subs({s: sympy.Symbol(f"{self.input_names[p]}.size()[{d}]")
+            what = dynshape.relation_text(g.subs({s: sympy.Symbol(f"{self.input_names[p]}.size()[{d}]")
                                           for s, ((p, d), *_) in self.sources.items()}))
             self.emit("_assert_shape_guard", f"{self.ref('stax.export._assert_shape_guard')}("
                       f"{value}, True, {what!r})", True)

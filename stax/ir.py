@@ -275,6 +275,7 @@ class LoweredGraph:
     outputs: list                   # buffer name (str) or Python scalar for each graph output
     mutations: list                 # (input name, buffer name): write-backs already folded into buffers
     unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
+    checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)
 
     def buffer(self, name):
         for b in self.inputs + self.buffers:

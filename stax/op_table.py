@@ -223,6 +223,10 @@ OPS = {d.name: d for d in [
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
     OpDef("unique", "other", 1, lambda x: np.unique(x.reshape(-1)), fallback=True),
+    OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
+          fallback=True),
+    OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],
+          fallback=True),
     # graph-only: capture.py's functional form of a write through a slice / select view
     OpDef("slice_scatter", "scatter", 2, None),
     OpDef("select_scatter", "scatter", 2, None),
