@@ -545,7 +545,7 @@ class CompiledFunction:
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
-        env = dynshape.ShapeEnv()
+        env = dynshape.ShapeEnv(padding=self.options.get("shape_padding"))     # Prop. 10.3 buckets
         captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims)
         if captured is None:
             return (lambda inputs: True), None
@@ -653,6 +653,9 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
              None: automatic dynamic: the first call compiles static; a later call that differs
              only in sizes compiles one artifact in which the dims that changed are symbols.
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
+    options: {"shape_padding": "pow2"} (Prop. 10.3): each symbolic size gets the artifact of its
+             power-of-two bucket, whose kernels mask up to the bucket's end (persistent reductions
+             where it is short enough); [m, M] needs at most ceil(log2 M) - floor(log2 m) + 1.
     mode: None/"default" (the CPU back end ignores "reduce-overhead" and "max-autotune").
     """
     if dynamic not in (None, True, False):
@@ -660,6 +663,12 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
     if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         raise ValueError(f"stax.compile: unknown mode {mode!r}; choose None, 'default', "
                          "'reduce-overhead' or 'max-autotune'")
+    if (options or {}).get("shape_padding") not in (None, "pow2"):
+        raise ValueError(f"stax.compile: options['shape_padding'] must be 'pow2' (Prop. 10.3 buckets) "
+                         f"or None, got {options['shape_padding']!r}")
+    if (options or {}).get("shape_padding") and dynamic is False:
+        raise ValueError("stax.compile: shape_padding buckets the dims that are symbols; pass "
+                         "dynamic=True (or None) with it")
     if fn is None:
         return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options)
     if not callable(fn):

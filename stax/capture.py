@@ -70,6 +70,7 @@ class Graph:
     constants: dict = field(default_factory=dict)   # constant node name -> the real Tensor
     unbacked: dict = field(default_factory=dict)    # data-dependent size symbol -> (node name, dim)
     checks: list = field(default_factory=list)      # §10.5 stax._check relations, checked at run time
+    bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
@@ -80,6 +81,9 @@ class Graph:
         lines.append(f"return ({', '.join(_fmt_arg(o) for o in self.outputs)},)")
         for inp, new in self.mutations:
             lines.append(f"write back {new.name} -> {inp.name}")
+        for s, hi in sorted(self.bounds.items(), key=lambda kv: str(kv[0])):
+            lines.append(f"size {s} <= {hi}")       # (the code depends on it: part of the artifact key)
+        lines += [f"check {c}" for c in self.checks]
         return "\n".join(lines)
 
 
@@ -656,6 +660,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     g = tracer.graph
     if shape_env is not None:
         g.checks = list(shape_env.checks)
+        g.bounds = {s: hi for s, (lo, hi) in shape_env.ranges.items()
+                    if hi is not None and s not in shape_env.unbacked}
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec

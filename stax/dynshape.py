@@ -73,7 +73,8 @@ class ShapeEnv:
     """Symbols with hints and ranges, the guards recorded while tracing, and where each symbol is
     read at run time (`sources`: symbol -> (input position, dim))."""
 
-    def __init__(self):
+    def __init__(self, padding=None):
+        self.padding = padding          # "pow2": each symbol's range is its power-of-two bucket
         self.hints: dict = {}           # symbol -> the example's size
         self.ranges: dict = {}          # symbol -> (lo, hi or UNBOUNDED)
         self.sources: dict = {}         # symbol -> (input position, dim): where it is bound
@@ -92,7 +93,7 @@ class ShapeEnv:
         if hint in self.by_hint:
             return self.by_hint[hint]
         s = _sym(f"s{len(self.hints)}")
-        self.hints[s], self.ranges[s], self.sources[s] = hint, (2, UNBOUNDED), source
+        self.hints[s], self.ranges[s], self.sources[s] = hint, self._range_of(hint), source
         self.by_hint[hint] = s
         return s
 
@@ -104,6 +105,15 @@ class ShapeEnv:
             hi = int(b[1]) if b is not None and b[1].is_Integer else None
             self.facts.append(sympy.Le(sym, upper))
         self.unbacked[sym], self.ranges[sym] = what, (0, hi)
+
+    def _range_of(self, hint: int) -> tuple:
+        """Prop. 10.3 bucketing: with padding "pow2" a size n is served by the artifact of its
+        bucket (2^(k-1), 2^k], 2^k = n rounded up to a power of two; the kernels mask (and pad
+        reductions with their identity) up to 2^k. Otherwise [2, inf)."""
+        if self.padding != "pow2":
+            return (2, UNBOUNDED)
+        hi = 1 << (hint - 1).bit_length()
+        return (max(2, hi // 2 + 1), hi)
 
     def size_hint(self, expr) -> int:
         e = sympy.sympify(expr).subs(self.hints)
@@ -241,8 +251,11 @@ class ShapeEnv:
             lines.append(f"    if len(m{pos}.shape) != {len(shape)}: return False")
         for s in sorted(self.sources, key=str):
             pos, dim = self.sources[s]
+            lo, hi = self.ranges[s]
             lines.append(f"    {s} = m{pos}.shape[{dim}]")
-            lines.append(f"    if {s} < 2: return False")
+            lines.append(f"    if {s} < {lo}: return False")
+            if hi is not UNBOUNDED:
+                lines.append(f"    if {s} > {hi}: return False")
         for pos, (shape, stride) in enumerate(layouts):
             for what, items in (("shape", shape), ("stride", stride)):
                 for d, e in enumerate(items):

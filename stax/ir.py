@@ -134,6 +134,24 @@ def _divisible(term, b) -> bool:
 # ---- §6.8 Interval reasoning over index ranges ----
 
 
+def upper_bound(expr, bounds: dict):
+    """§10.3: the largest value of a size expression over its symbols' ranges (`bounds`: symbol ->
+    upper end), or None when a symbol is unbounded. A polynomial with nonnegative coefficients is
+    non-decreasing in each symbol, so the upper ends give its maximum."""
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr.is_Integer:
+        return int(expr)
+    if not expr.free_symbols <= set(bounds) or expr.atoms(sympy.Function):
+        return None
+    try:
+        poly = sympy.Poly(expr, *sorted(expr.free_symbols, key=str))
+    except sympy.PolynomialError:
+        return None
+    if any(c < 0 for c in poly.coeffs()):
+        return None
+    return int(expr.subs(bounds))
+
+
 def index_bounds(expr, ranges: dict):
     """(lo, hi) of an index expression when each loop variable v runs over [0, ranges[v] - 1]."""
     expr = sympy.sympify(expr)
@@ -276,6 +294,7 @@ class LoweredGraph:
     mutations: list                 # (input name, buffer name): write-backs already folded into buffers
     unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
     checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)
+    bounds: dict = field(default_factory=dict)  # size symbol -> the upper end of its range (§10.3)
 
     def buffer(self, name):
         for b in self.inputs + self.buffers:
