@@ -71,6 +71,7 @@ class Graph:
     unbacked: dict = field(default_factory=dict)    # data-dependent size symbol -> (node name, dim)
     checks: list = field(default_factory=list)      # §10.5 stax._check relations, checked at run time
     bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
+    hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
@@ -662,6 +663,7 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
         g.checks = list(shape_env.checks)
         g.bounds = {s: hi for s, (lo, hi) in shape_env.ranges.items()
                     if hi is not None and s not in shape_env.unbacked}
+        g.hints = dict(shape_env.hints)
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec
