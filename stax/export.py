@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import sys
+import types
 from dataclasses import dataclass, field
 
 import sympy
@@ -549,3 +551,15 @@ def make_graph(fn, *args, tracing_mode: str = "symbolic") -> ExportedProgram:
     graph, spec = _symbolic_capture(fn, args, env, None, "stax.make_graph")
     kept = [g for g in env.guards if env.evaluate(g) is not True]
     return _program(fn, args, graph, spec, {}, kept)
+
+
+class _CallableModule(types.ModuleType):
+    """`import stax.export` binds the name `stax.export` to this module (Python sets the package's
+    attribute after the submodule loads), so the module itself calls `export`: `stax.export(f, ...)`
+    works whichever was imported first."""
+
+    def __call__(self, fn, args, dynamic_shapes=None) -> ExportedProgram:
+        return export(fn, args, dynamic_shapes)
+
+
+sys.modules[__name__].__class__ = _CallableModule

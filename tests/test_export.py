@@ -162,6 +162,14 @@ def test_exported_program_through_triton():
 # ---- make_graph(tracing_mode="symbolic") ----
 
 
+def test_the_module_and_the_function_are_both_stax_export():
+    import importlib
+    module = importlib.import_module("stax.export")     # binds stax.export to the module
+    ep = stax.export(lambda x: x + 1, (_rand(5),), dynamic_shapes={"x": {0: module.Dim("n")}})
+    x = _rand(9)
+    assert_close(ep(x), _f64(x) + 1, "float32")
+
+
 def test_make_graph_symbolic_alone():
     gm = stax.make_graph(example_10_1, _rand(64, 8), _rand(64, 8), tracing_mode="symbolic")
     text = str(gm.graph)
