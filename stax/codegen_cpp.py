@@ -51,6 +51,13 @@ PAGE_BLOCK = 64     # tiles are walked in blocks of this edge (pages: the TLB)
 PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
 
 
+def _omp_if(numel) -> str:
+    """§10.3: a symbolic element count decides at run time whether to start the thread team (a
+    small call would otherwise pay OpenMP's fork and join, hundreds of µs on a busy machine)."""
+    numel = sympy.sympify(numel)
+    return "" if numel.is_Integer else f" if(parallel: {cexpr(numel)} >= {PARALLEL_MIN})"
+
+
 
 def split_policy(numel_out, numel_red) -> int:
     """Alg. 6.1 on the CPU: split a reduction only when its rows cannot keep every thread busy."""
@@ -397,12 +404,13 @@ def _pointwise_kernel(k: CppKernel) -> list:
     parallel = not (numel.is_Integer and int(numel) < PARALLEL_MIN)
     tile = _transpose_tile(k, xvars, names)
     if tile is not None:
-        return _tiled_loops(names, sizes, tile, body, parallel)
+        return _tiled_loops(names, sizes, tile, body, (_omp_if(numel) or True) if parallel else False)
     lines, depth = [], 0
     for d, (v, s) in enumerate(zip(names, sizes)):
         inner = d == len(names) - 1
         if d == 0 and parallel:
-            lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for"))
+            lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for")
+                         + _omp_if(numel))
         elif inner:
             lines.append("    " * depth + "#pragma omp simd")
         lines.append("    " * depth + _for(v, s) + " {")
@@ -446,7 +454,7 @@ def _tiled_loops(names, sizes, d, body, parallel):
 
     block_loops = [(f"{a}_block", sizes[d]), (f"{b}_block", sizes[-1])]
     if parallel:
-        lines.append(f"#pragma omp parallel for collapse({len(outer) + 2})")
+        lines.append(f"#pragma omp parallel for collapse({len(outer) + 2})" + (parallel if isinstance(parallel, str) else ""))
     for v, s in outer:
         open_loop(_for(v, s))
     for v, s in block_loops:
@@ -493,7 +501,8 @@ def _reduction_kernel(k: CppKernel) -> list:
     parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
     lines = []
     if parallel:
-        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"
+                     + _omp_if(total))
     depth = 0
     for v, s in zip(xnames, xsizes):
         lines.append("    " * depth + _for(v, s) + " {"); depth += 1
@@ -677,7 +686,8 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
             block += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
     lines = []
     if parallel:
-        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"
+                     + _omp_if(total))
     loops_x = [_for(v, s) for v, s in zip(xnames[:-1], xsizes[:-1])] + [_for(f"{xi}_block", inner, step=xb)]
     for d, text in enumerate(loops_x):
         lines.append("    " * d + text + " {")
