@@ -462,13 +462,25 @@ def _tiled_loops(names, sizes, d, body, parallel):
     for v, s in ((a, sizes[d]), (b, sizes[-1])):
         end = f"stax_min<int64_t>({v}_block + {PAGE_BLOCK}, {cexpr(s)})"
         open_loop(f"for (int64_t {v}_tile = {v}_block; {v}_tile < {end}; {v}_tile += {TILE})")
-    open_loop(f"for (int64_t {a} = {a}_tile; {a} < stax_min<int64_t>({a}_tile + {TILE}, {cexpr(sizes[d])}); {a}++)")
-    lines.append("    " * depth + "#pragma omp simd")
-    open_loop(f"for (int64_t {b} = {b}_tile; {b} < stax_min<int64_t>({b}_tile + {TILE}, {cexpr(sizes[-1])}); {b}++)")
-    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    ends = [f"stax_min<int64_t>({v}_tile + {TILE}, {cexpr(s)})" for v, s in ((a, sizes[d]), (b, sizes[-1]))]
+    tile = _tile_loops(a, b, ends, body)
+    if not all(sympy.sympify(s).is_Integer for s in (sizes[d], sizes[-1])):
+        # §10.3: a symbolic size keeps the tile's trip counts constant (unrolled, vectorized)
+        # except in the tiles at its edge, which take the remainder loops
+        full = _tile_loops(a, b, [f"{a}_tile + {TILE}", f"{b}_tile + {TILE}"], body)
+        test = f"{a}_tile + {TILE} <= {cexpr(sizes[d])} && {b}_tile + {TILE} <= {cexpr(sizes[-1])}"
+        tile = [f"if ({test}) {{"] + ["    " + x for x in full] + ["} else {"] + ["    " + x for x in tile] + ["}"]
+    lines += ["    " * depth + line for line in tile]
     for dd in range(depth - 1, -1, -1):
         lines.append("    " * dd + "}")
     return lines
+
+
+def _tile_loops(a, b, ends, body) -> list:
+    """One TILE x TILE tile: rows `a`, the vectorized columns `b` (ends: each loop's bound)."""
+    return ([f"for (int64_t {a} = {a}_tile; {a} < {ends[0]}; {a}++) {{", "    #pragma omp simd",
+             f"    for (int64_t {b} = {b}_tile; {b} < {ends[1]}; {b}++) {{"]
+            + ["        " + line for line in "\n".join(body).split("\n")] + ["    }", "}"])
 
 
 # ---- §8 Reduction kernels: one row per OpenMP iteration, one pass over the row per phase ----
@@ -678,12 +690,21 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
     xi, inner = xnames[-1], sympy.sympify(xsizes[-1])
     static = inner.is_Integer and int(inner) % xb == 0
     n = str(xb) if static else f"{xi}_n"
+
+    def phases_of(n):
+        out = []
+        for kind, nodes in loops:
+            if kind == "row":
+                out += _column_rows(k, nodes, xvars, rvars, (xi, n, xb))
+            else:
+                out += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
+        return out
     block = [] if static else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
-    for kind, nodes in loops:
-        if kind == "row":
-            block += _column_rows(k, nodes, xvars, rvars, (xi, n, xb))
-        else:
-            block += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
+    if inner.is_Integer:
+        block += phases_of(n)
+    else:       # §10.3: full blocks run constant trip counts; the last one the remainder
+        block += ([f"if ({n} == {xb}) {{"] + ["    " + x for x in phases_of(str(xb))] + ["} else {"]
+                  + ["    " + x for x in phases_of(n)] + ["}"])
     lines = []
     if parallel:
         lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"

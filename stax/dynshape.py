@@ -314,11 +314,15 @@ def pyexpr(e) -> str:
     from sympy.printing.pycode import PythonCodePrinter
 
     class _P(PythonCodePrinter):
+        def _operand(self, x):          # (`a // 2*s1` would divide by 2, then multiply)
+            text = self._print(x)
+            return text if text.isidentifier() or text.isdigit() else f"({text})"
+
         def _print_FloorDiv(self, expr):
-            return f"({self._print(expr.args[0])} // {self._print(expr.args[1])})"
+            return f"({self._operand(expr.args[0])} // {self._operand(expr.args[1])})"
 
         def _print_ModularIndexing(self, expr):
-            a, d, m = (self._print(x) for x in expr.args)
+            a, d, m = (self._operand(x) for x in expr.args)
             return f"(({a} // {d}) % {m})"
 
         def _print_floor(self, expr):

@@ -4,9 +4,12 @@ computed at run time, and the part past R is masked to the reduction's identity.
 """
 import numpy as np
 import pytest
+import sympy
 
 import stax
 from conftest import assert_close
+from stax import dynshape
+from stax.ir import FloorDiv
 
 rng = np.random.default_rng(65)
 
@@ -39,3 +42,29 @@ def test_split_count_comes_from_the_hint_on_the_gpu():
     text = str(compiled.last_generated)
     assert "triton_per_fused_1" in text and "(s1 + 12) // 13" in text      # 13 pieces of ~8192
     assert "empty_strided_cuda((s0, 13), (13, 1)" in text
+
+
+def test_guard_text_keeps_a_product_divisor_together():
+    # `(s0*s1 // 2*s1)` once read as ((s0*s1) // 2) * s1: the guard of this reshape failed on the
+    # very inputs it was captured on
+    fn = lambda x: x.reshape(2, -1, x.shape[-1]).mean((0, 1))     # noqa: E731
+    compiled = stax.compile(fn, dynamic=True)
+    for n, m in ((6, 512), (10, 1030), (4, 7)):
+        x = stax.from_numpy(rng.standard_normal((n, m)).astype(np.float32))
+        assert_close(compiled(x), _f64(x).reshape(2, -1, m).mean((0, 1)), "float32")
+    assert compiled.stats["compiles"] == 1
+    s0, s1 = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+    text = dynshape.pyexpr(FloorDiv(s0 * s1, 2 * s1))
+    assert eval(text, {"s0": 6, "s1": 5}) == 3, text
+
+
+def test_column_reductions_keep_full_blocks_constant():
+    compiled = stax.compile(lambda x: (x.sum(0), x.var(0)), dynamic=True)
+    for n, m in ((6, 1024), (5, 1030), (3, 2049), (2, 3)):
+        x = stax.from_numpy(rng.standard_normal((n, m)).astype(np.float32))
+        got = compiled(x)
+        assert_close(got[0], _f64(x).sum(0), "float32")
+        assert_close(got[1], _f64(x).var(0, ddof=1), "float32")
+    assert compiled.stats["compiles"] == 1
+    kernel = next(iter(compiled.last_generated.kernels.values()))
+    assert "if (x0_n == 1024) {" in kernel and "l < x0_n" in kernel
