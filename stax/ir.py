@@ -202,7 +202,44 @@ def simplify_index(expr, ranges: dict):
             if (lo >= 0) == sympy.true and (hi < e.args[2]) == sympy.true:
                 return e.args[0]
         return e
-    return sympy.expand(visit(expr))
+    return _recombine_digits(sympy.expand(visit(expr)))
+
+
+def _factor_of(term, cls):
+    """(coefficient, the one `cls` factor of `term`), or (None, None)."""
+    if isinstance(term, cls):
+        return sympy.Integer(1), term
+    if isinstance(term, sympy.Mul):
+        found = [f for f in term.args if isinstance(f, cls)]
+        if len(found) == 1:
+            return sympy.Mul(*[f for f in term.args if f is not found[0]]), found[0]
+    return None, None
+
+
+def _recombine_digits(expr):
+    """k*(y % m) + k*m*(y // m) = k*y. A reshape unflattens an index into digits and a contiguous
+    buffer's strides put them back; with integer sizes the range rule above removes the digits,
+    with symbolic ones (§10.3) only this identity does (else every load divides)."""
+    while isinstance(expr, sympy.Add):
+        terms = list(expr.args)
+        hit = None
+        for i, t in enumerate(terms):
+            k, mod = _factor_of(t, ModularIndexing)
+            if mod is None or mod.args[1] != 1:
+                continue
+            y, m = mod.args[0], mod.args[2]
+            for j, u in enumerate(terms):
+                c, div = _factor_of(u, FloorDiv)
+                if j != i and div is not None and div.args == (y, m) and sympy.expand(c - k * m) == 0:
+                    hit = (i, j, k * y)
+                    break
+            if hit:
+                break
+        if hit is None:
+            return expr
+        i, j, merged = hit
+        expr = sympy.expand(sympy.Add(*[t for n, t in enumerate(terms) if n not in (i, j)], merged))
+    return expr
 
 
 # ---- §6 The IR nodes ----

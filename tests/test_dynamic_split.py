@@ -68,3 +68,15 @@ def test_column_reductions_keep_full_blocks_constant():
     assert compiled.stats["compiles"] == 1
     kernel = next(iter(compiled.last_generated.kernels.values()))
     assert "if (x0_n == 1024) {" in kernel and "l < x0_n" in kernel
+
+
+def test_a_reshape_of_symbolic_sizes_loads_without_dividing():
+    # k*(y % m) + k*m*(y // m) = k*y puts a contiguous input's digits back together (§10.3)
+    fn = lambda g: g.reshape(-1, 64).sum(0)      # noqa: E731
+    compiled = stax.compile(fn, dynamic=True)
+    for shape in ((8, 16, 64), (3, 5, 64), (2, 7, 128)):
+        g = stax.from_numpy(rng.standard_normal(shape).astype(np.float32))
+        assert_close(compiled(g), _f64(g).reshape(-1, 64).sum(0), "float32")
+    assert compiled.stats["compiles"] == 1
+    kernel = next(iter(compiled.last_generated.kernels.values()))
+    assert "in_ptr0[64*r0 + x0]" in kernel and "/ s" not in kernel.split("r0++")[1]
