@@ -667,10 +667,13 @@ def _is_column_reduction(k, xvars, rvars, xnames, rnames) -> bool:
     return any(e.coeff(xi) == 1 for e in exprs) and not any(e.coeff(ri) == 1 for e in exprs)
 
 
-def _column_block(xsizes, parallel: bool) -> int:
+def _column_block(xsizes, parallel: bool, hints=None) -> int:
     """Columns per block: COLUMN_BLOCK, fewer when a parallel kernel would have fewer blocks than
-    threads (down to LANES); at most the row's length."""
-    xb, inner, outer = COLUMN_BLOCK, sympy.sympify(xsizes[-1]), _numel(xsizes[:-1])
+    threads (down to LANES); at most the row's length. Symbolic sizes (§10.3): chosen at the hints
+    (any block is correct: the last one of a row takes the remainder)."""
+    xb, inner, outer = COLUMN_BLOCK, sympy.sympify(xsizes[-1]), sympy.sympify(_numel(xsizes[:-1]))
+    if hints:
+        inner, outer = inner.subs(hints), outer.subs(hints)
     if inner.is_Integer and outer.is_Integer:
         while parallel and xb > LANES and int(outer) * -(-int(inner) // xb) < get_num_threads():
             xb //= 2
@@ -686,7 +689,7 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
     loops = phases(k.group)
     total = _numel(xsizes) * _numel(rsizes)
     parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
-    xb = _column_block(xsizes, parallel)
+    xb = _column_block(xsizes, parallel, k.sched.lowered.hints)
     xi, inner = xnames[-1], sympy.sympify(xsizes[-1])
     static = inner.is_Integer and int(inner) % xb == 0
     n = str(xb) if static else f"{xi}_n"

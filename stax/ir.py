@@ -332,6 +332,7 @@ class LoweredGraph:
     unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
     checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)
     bounds: dict = field(default_factory=dict)  # size symbol -> the upper end of its range (§10.3)
+    hints: dict = field(default_factory=dict)   # size symbol -> the example's size (choices made at it)
 
     def buffer(self, name):
         for b in self.inputs + self.buffers:

