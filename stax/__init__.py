@@ -486,7 +486,9 @@ class CompiledFunction:
         rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
-            inputs = inputs if inputs is not None else _capture.input_tensors(args, kwargs)
+            if inputs is None:                  # (the common call: tensors passed positionally)
+                inputs = [a for a in args if a.__class__ is Tensor] if not kwargs and _flat(args) else \
+                    _capture.input_tensors(args, kwargs)
             if guard(inputs):
                 return entry, lifted
         with self._lock:
@@ -566,7 +568,7 @@ class CompiledFunction:
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         _log("guards", name, source)
-        return guard, (call, spec, False, consts, lifts, [r.value() for r in self.reads])
+        return guard, (call, spec, _flat(args), consts, lifts, [r.value() for r in self.reads])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
@@ -627,8 +629,7 @@ class CompiledFunction:
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.constants[key] = consts
-        flat = all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
-                                                             str, type(None))) for a in args)
+        flat = _flat(args)
         self.last_generated = gen
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
@@ -637,6 +638,12 @@ class CompiledFunction:
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
         return (call, spec, flat, consts, lifts, [r.value() for r in self.reads])
+
+
+def _flat(args) -> bool:
+    """Tensors and plain scalars only, passed positionally: a call's tensors need no walk."""
+    return all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
+                                                       str, type(None))) for a in args)
 
 
 def compile_source(source: str, filename: str):
