@@ -25,6 +25,14 @@ a fresh-cache first call (target < 1.5 s after `import stax`) and an on-disk cac
 < 0.2 s; triton must not be imported). With --append FILE the markdown section (date, machine,
 command, table) is inserted under FILE's first heading; it is always printed.
 
+With --dynamic (§10, issue 10): each workload compiled twice in one Stax process, static and with
+dynamic=True, correct against numpy, then timed at its size (the hint) in alternating blocks; the
+ratio dynamic / static against the target <= 1.10. Then the host overhead of a dynamic call on a
+tiny input: the guard function alone, and what a dynamic call adds to the static one (rank key,
+guard, size bindings; target <= 10 us).
+
+    python bench/cpu.py --dynamic [--only softmax,ex1_1] [--runs 40]
+
 torch is never a dependency of Stax: only this script uses it (from --torch-python).
 """
 from __future__ import annotations
@@ -294,7 +302,79 @@ def worker_numpy(name, runs, threads):
     return {"times": ts, "bytes": nbytes}
 
 
-WORKERS = {"stax": worker_stax, "torch": worker_torch, "numpy": worker_numpy}
+def worker_stax_dynamic(name, runs, threads):
+    """§10: the static and the dynamic=True artifact of one workload, timed in the same process
+    in alternating blocks of calls (a noisy phase hits both)."""
+    sys.path.insert(0, str(ROOT))
+    import stax
+    stax.set_num_threads(threads)
+    w = workloads()[name]
+    arrays = w["inputs"]()
+    args = [stax.from_numpy(x) for x in arrays]
+    want = w["numpy"](*arrays)
+    fs = {"static": stax.compile(w["stax"](stax)), "dynamic": stax.compile(w["stax"](stax), dynamic=True)}
+    err = {}
+    for kind, f in fs.items():
+        out = f(*args)
+        outs, wants = (out, want) if isinstance(out, tuple) else ((out,), (want,))
+        err[kind] = max(float(np.max(np.abs(o.numpy() - x) / (1e-3 + np.abs(x)))) for o, x in zip(outs, wants))
+        del out, outs
+    ts = {"static": [], "dynamic": []}
+    for block in range(4):
+        for kind in (("static", "dynamic") if block % 2 == 0 else ("dynamic", "static")):
+            ts[kind] += call_times(fs[kind], args, max(1, runs // 4))
+    return {"times": ts, "max_rel_err": err, "compiles": fs["dynamic"].stats["compiles"]}
+
+
+def worker_dynamic_overhead(name, runs, threads):
+    """§10.4: host microseconds per call of a dynamic artifact on a 4x4 input: its guard function
+    alone, and the whole call (guard + wrapper + one tiny kernel) beside the static call."""
+    sys.path.insert(0, str(ROOT))
+    import stax
+    stax.set_num_threads(threads)
+    x = stax.randn(4, 4)
+    fs = {"static": stax.compile(lambda x: x * 2 + 1), "dynamic": stax.compile(lambda x: x * 2 + 1, dynamic=True)}
+    for f in fs.values():
+        f(x)
+    guard = next(iter(fs["dynamic"].guarded.values()))[0][0]
+    per = lambda fn, a: statistics.median(call_times(fn, a, 2000, warmup=200)) * 1e6   # noqa: E731
+    return {"guard_us": per(guard, ([x],)), "dynamic_call_us": per(fs["dynamic"], (x,)),
+            "static_call_us": per(fs["static"], (x,))}
+
+
+def main_dynamic(names, runs, threads):
+    """--dynamic: the ratio dynamic / static per workload, then the per-call overhead."""
+    print(f"# bench/cpu.py --dynamic  {time.strftime('%Y-%m-%d %H:%M')}  {machine()}; {threads} threads; runs={runs}")
+    lines = ["| workload | shape | static ms | dynamic ms | dynamic/static | target | max rel err (static / dynamic) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    missed = []
+    for n in names:
+        env = {"STAX_CACHE_DIR": tempfile.mkdtemp(prefix="bench-stax-")}
+        res = run_worker(sys.executable, "stax_dynamic", n, runs, threads, env)
+        if not res:
+            lines.append(f"| {n} | {workloads()[n]['shape']} | failed | | | | |")
+            continue
+        s, d = (statistics.median(res["times"][k]) * 1e3 for k in ("static", "dynamic"))
+        if d / s > 1.10:
+            missed.append(n)
+        lines.append(f"| {n} | {workloads()[n]['shape']} | {s:.2f} | {d:.2f} | {d / s:.2f} | ≤ 1.10 | "
+                     f"{res['max_rel_err']['static']:.1e} / {res['max_rel_err']['dynamic']:.1e} |")
+        print(lines[-1], flush=True)
+    o = run_worker(sys.executable, "dynamic_overhead", names[0], runs, threads,
+                   {"STAX_CACHE_DIR": tempfile.mkdtemp(prefix="bench-stax-")})
+    lines.append("")
+    lines.append("- Targets: " + (f"missed by {', '.join(missed)}." if missed else "all met (dynamic ≤ 1.10× static)."))
+    if o:
+        extra = o["dynamic_call_us"] - o["static_call_us"]
+        lines.append(f"- Per call on a 4x4 input: the guard function alone {o['guard_us']:.1f} µs; a dynamic call "
+                     f"{o['dynamic_call_us']:.1f} µs against a static call {o['static_call_us']:.1f} µs: dynamic mode "
+                     f"(rank key, guard, size bindings) adds {extra:.1f} µs (target ≤ 10 µs: "
+                     f"{'met' if extra <= 10 else 'MISSED'}).")
+    print("\n" + "\n".join(lines))
+
+
+WORKERS = {"stax": worker_stax, "torch": worker_torch, "numpy": worker_numpy,
+           "stax_dynamic": worker_stax_dynamic, "dynamic_overhead": worker_dynamic_overhead}
 
 
 def run_worker(python, lib, name, runs, threads, env_extra=None):
@@ -382,6 +462,7 @@ def main():
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--append", default="", help="insert the markdown section into this file")
     ap.add_argument("--note", default="", help="a line for the markdown section")
+    ap.add_argument("--dynamic", action="store_true", help="static vs dynamic=True in one process (§10)")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     a = ap.parse_args()
     all_w = workloads()
@@ -392,6 +473,9 @@ def main():
     threads = a.threads or os.cpu_count() or 1
     if a.worker:
         print(json.dumps(WORKERS[a.worker](names[0], a.runs, threads)))
+        return
+    if a.dynamic:
+        main_dynamic(names, a.runs, threads)
         return
 
     command = "python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])

@@ -15,6 +15,11 @@ the device-to-device copy bandwidth measured in the same run), the fraction floo
 when torch is importable, torch.compile's time (triton.testing.do_bench) and the ratio.
 It also measures the host time per launch, the cold compile of a one-kernel function (after
 `import stax` and device start) and the same with the on-disk cache warm.
+
+`python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
+with dynamic=True in the same run, both checked against each other, timed at the workload's size
+(the hint) in alternating rounds; prints the ratio dynamic / static (target <= 1.10 on every
+workload) and the host microseconds per call of each on a tiny input.
 """
 import json
 import math
@@ -619,6 +624,52 @@ def selected(argv) -> list:
     return [n for n in WORKLOADS if n in wanted]
 
 
+def dynamic_vs_static(names, json_path=None):
+    """--dynamic: the dynamic=True artifact beside the static one, at the same (hint) size."""
+    rows = []
+    for name in names:
+        fn, shapes = WORKLOADS[name]
+        args = [stax.randn(*s, device="cuda") for s in shapes]
+        fs = {"static": stax.compile(fn), "dynamic": stax.compile(fn, dynamic=True)}
+        outs = {k: f(*args) for k, f in fs.items()}
+        a, b = ([o] if not isinstance(o, (tuple, list)) else list(o) for o in outs.values())
+        err = max(float(np.max(np.abs(x.cpu().numpy() - y.cpu().numpy()) / (1e-3 + np.abs(y.cpu().numpy()))))
+                  for x, y in zip(b, a))
+        del outs, a, b
+        ms = {"static": [], "dynamic": []}
+        for rnd in range(4):
+            for kind in (("static", "dynamic") if rnd % 2 == 0 else ("dynamic", "static")):
+                ms[kind].append(time_calls(fs[kind], args))
+        s, d = float(np.median(ms["static"])), float(np.median(ms["dynamic"]))
+        kernels = list(fs["dynamic"].last_generated.kernels)
+        rows.append({"workload": name, "static_ms": s, "dynamic_ms": d, "ratio": d / s,
+                     "max_rel_diff": err, "dynamic_kernels": kernels})
+        print(json.dumps(rows[-1]), flush=True)
+        del args
+    x = stax.randn(4, 4, device="cuda")
+    host = {}
+    for kind, kw in (("static", {}), ("dynamic", {"dynamic": True})):
+        f = stax.compile(lambda x: x * 2 + 1, **kw)
+        for _ in range(50):
+            f(x)
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            f(x)
+        host[kind] = (time.perf_counter() - t0) / 2000 * 1e6
+        cuda.synchronize()
+    print("\n| workload | static ms | dynamic ms | dynamic/static | target | max rel diff | dynamic kernels |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        mark = "" if r["ratio"] <= 1.10 else " **MISSED**"
+        print(f"| {r['workload']} | {r['static_ms']:.3f} | {r['dynamic_ms']:.3f} | {r['ratio']:.2f}{mark} | ≤ 1.10 | "
+              f"{r['max_rel_diff']:.1e} | {', '.join(r['dynamic_kernels'])} |")
+    print(f"\nhost µs per call (4x4, one kernel): static {host['static']:.1f}, dynamic {host['dynamic']:.1f}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"dynamic_rows": rows, "host_us": host}, fh, indent=1)
+
+
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
     if "launchbound" in argv:           # §9.9 only (issue 13)
@@ -633,6 +684,8 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"attention": rows}, fh, indent=1)
         return
+    if "--dynamic" in argv:             # §10.4: each workload dynamic beside static (issue 10)
+        return dynamic_vs_static(selected(argv) or list(WORKLOADS), json_path)
     idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])
     explicit = selected(argv) or idx_names or [a for a in argv if a in MATMULS]
     names = selected(argv) or ([] if explicit else list(WORKLOADS))

@@ -688,7 +688,7 @@ class CompiledFunction:
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
-        env = dynshape.ShapeEnv()
+        env = dynshape.ShapeEnv(padding=self.options.get("shape_padding"))     # Prop. 10.3 buckets
         captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized)
         if captured is None:
             return (lambda inputs: True), None
@@ -812,8 +812,7 @@ class CompiledFunction:
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.constants[key] = consts
-        flat = builtins.all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
-                                                             str, type(None))) for a in args)
+        flat = _flat(args)
         self.last_generated = gen
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
@@ -883,6 +882,12 @@ def explain(fn, *inputs, timing: bool = True, **kwargs):
     return report.explain_functions([f], recorder, timing=timing, device=_device_of(inputs))
 
 
+def _flat(args) -> bool:
+    """Tensors and plain scalars only, passed positionally: a call's tensors need no walk."""
+    return builtins.all(a.__class__ is Tensor or isinstance(a, (builtins.bool, builtins.int, builtins.float,
+                                                       str, type(None))) for a in args)
+
+
 def compile_source(source: str, filename: str):
     """Python's builtin compile (this module's `compile` is stax.compile)."""
     return builtins.compile(source, filename, "exec")
@@ -903,6 +908,9 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
     fullgraph: raise instead of running eagerly when the function cannot be captured whole.
     strict_native: raise instead of running a region with no generated code (a §6.1 fallback
              such as matmul on the CPU, nonzero, unique, rand) with its eager implementation.
+    options: {"shape_padding": "pow2"} (Prop. 10.3): each symbolic size gets the artifact of its
+             power-of-two bucket, whose kernels mask up to the bucket's end (persistent reductions
+             where it is short enough); [m, M] needs at most ceil(log2 M) - floor(log2 m) + 1.
     mode: None/"default"; "reduce-overhead" replays each GPU artifact from a CUDA graph (§9.9,
           cudagraph.py: a replay's outputs are overwritten by the next call, so `.clone()` what
           you keep); "max-autotune" searches launch configurations further (§9.6);
@@ -914,6 +922,12 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
     if mode not in MODES:
         raise ValueError(f"stax.compile: unknown mode {mode!r}; choose one of "
                          + ", ".join(repr(m) for m in MODES))
+    if (options or {}).get("shape_padding") not in (None, "pow2"):
+        raise ValueError(f"stax.compile: options['shape_padding'] must be 'pow2' (Prop. 10.3 buckets) "
+                         f"or None, got {options['shape_padding']!r}")
+    if (options or {}).get("shape_padding") and dynamic is False:
+        raise ValueError("stax.compile: shape_padding buckets the dims that are symbols; pass "
+                         "dynamic=True (or None) with it")
     if fn is None:
         return lambda f: compile(f, dynamic=dynamic, fullgraph=fullgraph, mode=mode, options=options,
                                  strict_native=strict_native)
@@ -924,11 +938,14 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
 
 # ---- Discovery: dir(stax) lists the public API; a missing op names what works ----
 
+# §10.2 export (stax/export.py) is loaded on first use: it needs sympy, which `import stax` avoids
+_EXPORT_NAMES = ("export", "Dim", "make_graph", "ExportedProgram", "ConstraintViolation")
 _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
                   "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT", "COMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
                   "inference_mode", "scaled_dot_product_attention", "omni_attention",
-                  "create_block_mask", "BlockMask", "attention_forward", "attention_backward"]
+                  "create_block_mask", "BlockMask", "attention_forward", "attention_backward",
+                  *_EXPORT_NAMES]
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
 __all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)
                   set(_tensor_ops_mod.__all__) | set(_shape_ops_mod.__all__) | set(_math_ops_mod.__all__) |
@@ -940,7 +957,11 @@ def __dir__():
 
 
 def __getattr__(name):
+    import importlib
     if name == "nn":        # stax.nn (PyTorch's spelling torch.nn.functional), imported on first use
-        import importlib
         return importlib.import_module(".nn", __name__)
+    if name in _EXPORT_NAMES:           # (not `from . import export`: that asks this hook for it)
+        module = importlib.import_module(".export", __package__)   # binds stax.export to the module: rebind
+        globals().update({n: getattr(module, n) for n in _EXPORT_NAMES})
+        return globals()[name]
     raise _math_ops_mod.missing_op("module 'stax'", name)

@@ -69,6 +69,9 @@ class Graph:
     mutations: list = field(default_factory=list)   # (input node, node holding its new value)
     constants: dict = field(default_factory=dict)   # constant node name -> the real Tensor
     unbacked: dict = field(default_factory=dict)    # data-dependent size symbol -> (node name, dim)
+    checks: list = field(default_factory=list)      # §10.5 stax._check relations, checked at run time
+    bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
+    hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
@@ -79,6 +82,9 @@ class Graph:
         lines.append(f"return ({', '.join(_fmt_arg(o) for o in self.outputs)},)")
         for inp, new in self.mutations:
             lines.append(f"write back {new.name} -> {inp.name}")
+        for s, hi in sorted(self.bounds.items(), key=lambda kv: str(kv[0])):
+            lines.append(f"size {s} <= {hi}")       # (the code depends on it: part of the artifact key)
+        lines += [f"check {c}" for c in self.checks]
         return "\n".join(lines)
 
 
@@ -171,15 +177,16 @@ class Tracer:
         outs = []
         for k, meta in enumerate(metas):
             name = self._name(op if k == 0 else f"{op}_out{k}")
-            node = Node(name, op, args, dict(params), self._bind_unbacked(meta, name))
+            node = Node(name, op, args, dict(params), self._bind_unbacked(meta, name, op, args))
             self.graph.nodes.append(node)
             proxy = Tensor._proxy(self._proxy_meta(node.meta), node)
             proxy._seen = getattr(base, "_version", 0)
             outs.append(proxy)
         return outs
 
-    def _bind_unbacked(self, meta, name):
-        """Data-dependent sizes (None in the meta, e.g. nonzero's row count) become symbols u0, u1, ..."""
+    def _bind_unbacked(self, meta, name, op, args):
+        """Data-dependent sizes (None in the meta, e.g. nonzero's row count) become symbols u0, u1, ...
+        (§10.5); in dynamic mode the shape environment learns 0 <= u (<= the input's numel)."""
         if all(s is not None for s in meta.shape):
             return meta
         shape = []
@@ -188,6 +195,9 @@ class Tracer:
                 import sympy   # only data-dependent sizes need symbols: capture stays light otherwise
                 s = sympy.Symbol(f"u{len(self.graph.unbacked)}", integer=True, nonnegative=True)
                 self.graph.unbacked[s] = (name, dim)
+                if self.shape_env is not None:
+                    self.shape_env.add_unbacked(s, _UNBACKED_WHAT.get(op, f"an output size of {op}"),
+                                                _numel_bound(op, args))
             shape.append(s)
         return Meta(tuple(shape), _contiguous_strides(shape), meta.dtype, meta.device, 0)
 
@@ -212,6 +222,20 @@ class Tracer:
 
     def graph_break(self, reason: str):
         raise GraphBreak(f"{reason} at {_user_frame()}")
+
+
+_UNBACKED_WHAT = {"nonzero": "the row count of nonzero", "unique": "the length of unique",
+                  "masked_select": "the length of masked_select", "bincount": "the length of bincount"}
+
+
+def _numel_bound(op, args):
+    """An upper bound of a data-dependent size: the numel of the input it selects from."""
+    if op not in ("nonzero", "unique") or not isinstance(args[0], Node):
+        return None
+    n = 1
+    for s in args[0].meta.shape:
+        n = n * s
+    return n
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -707,6 +731,11 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     finally:
         set_tracer(prev)
     g = tracer.graph
+    if shape_env is not None:
+        g.checks = list(shape_env.checks)
+        g.bounds = {s: hi for s, (lo, hi) in shape_env.ranges.items()
+                    if hi is not None and s not in shape_env.unbacked}
+        g.hints = dict(shape_env.hints)
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec

@@ -51,6 +51,13 @@ PAGE_BLOCK = 64     # tiles are walked in blocks of this edge (pages: the TLB)
 PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
 
 
+def _omp_if(numel) -> str:
+    """§10.3: a symbolic element count decides at run time whether to start the thread team (a
+    small call would otherwise pay OpenMP's fork and join, hundreds of µs on a busy machine)."""
+    numel = sympy.sympify(numel)
+    return "" if numel.is_Integer else f" if(parallel: {cexpr(numel)} >= {PARALLEL_MIN})"
+
+
 
 def split_policy(numel_out, numel_red) -> int:
     """Alg. 6.1 on the CPU: split a reduction only when its rows cannot keep every thread busy."""
@@ -475,12 +482,13 @@ def _pointwise_kernel(k: CppKernel) -> list:
             _scatter_loops(k, scatter[0], xvars, names, sizes, body)
     tile = _transpose_tile(k, xvars, names)
     if tile is not None:
-        return _tiled_loops(names, sizes, tile, body, parallel)
+        return _tiled_loops(names, sizes, tile, body, (_omp_if(numel) or True) if parallel else False)
     lines, depth = [], 0
     for d, (v, s) in enumerate(zip(names, sizes)):
         inner = d == len(names) - 1
         if d == 0 and parallel:
-            lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for"))
+            lines.append("    " * depth + ("#pragma omp parallel for simd" if inner else "#pragma omp parallel for")
+                         + _omp_if(numel))
         elif inner:
             lines.append("    " * depth + "#pragma omp simd")
         lines.append("    " * depth + _for(v, s) + " {")
@@ -575,7 +583,7 @@ def _tiled_loops(names, sizes, d, body, parallel):
 
     block_loops = [(f"{a}_block", sizes[d]), (f"{b}_block", sizes[-1])]
     if parallel:
-        lines.append(f"#pragma omp parallel for collapse({len(outer) + 2})")
+        lines.append(f"#pragma omp parallel for collapse({len(outer) + 2})" + (parallel if isinstance(parallel, str) else ""))
     for v, s in outer:
         open_loop(_for(v, s))
     for v, s in block_loops:
@@ -583,13 +591,25 @@ def _tiled_loops(names, sizes, d, body, parallel):
     for v, s in ((a, sizes[d]), (b, sizes[-1])):
         end = f"stax_min<int64_t>({v}_block + {PAGE_BLOCK}, {cexpr(s)})"
         open_loop(f"for (int64_t {v}_tile = {v}_block; {v}_tile < {end}; {v}_tile += {TILE})")
-    open_loop(f"for (int64_t {a} = {a}_tile; {a} < stax_min<int64_t>({a}_tile + {TILE}, {cexpr(sizes[d])}); {a}++)")
-    lines.append("    " * depth + "#pragma omp simd")
-    open_loop(f"for (int64_t {b} = {b}_tile; {b} < stax_min<int64_t>({b}_tile + {TILE}, {cexpr(sizes[-1])}); {b}++)")
-    lines += ["    " * depth + line for line in "\n".join(body).split("\n")]
+    ends = [f"stax_min<int64_t>({v}_tile + {TILE}, {cexpr(s)})" for v, s in ((a, sizes[d]), (b, sizes[-1]))]
+    tile = _tile_loops(a, b, ends, body)
+    if not all(sympy.sympify(s).is_Integer for s in (sizes[d], sizes[-1])):
+        # §10.3: a symbolic size keeps the tile's trip counts constant (unrolled, vectorized)
+        # except in the tiles at its edge, which take the remainder loops
+        full = _tile_loops(a, b, [f"{a}_tile + {TILE}", f"{b}_tile + {TILE}"], body)
+        test = f"{a}_tile + {TILE} <= {cexpr(sizes[d])} && {b}_tile + {TILE} <= {cexpr(sizes[-1])}"
+        tile = [f"if ({test}) {{"] + ["    " + x for x in full] + ["} else {"] + ["    " + x for x in tile] + ["}"]
+    lines += ["    " * depth + line for line in tile]
     for dd in range(depth - 1, -1, -1):
         lines.append("    " * dd + "}")
     return lines
+
+
+def _tile_loops(a, b, ends, body) -> list:
+    """One TILE x TILE tile: rows `a`, the vectorized columns `b` (ends: each loop's bound)."""
+    return ([f"for (int64_t {a} = {a}_tile; {a} < {ends[0]}; {a}++) {{", "    #pragma omp simd",
+             f"    for (int64_t {b} = {b}_tile; {b} < {ends[1]}; {b}++) {{"]
+            + ["        " + line for line in "\n".join(body).split("\n")] + ["    }", "}"])
 
 
 # ---- §8 Reduction kernels: one row per OpenMP iteration, one pass over the row per phase ----
@@ -622,7 +642,8 @@ def _reduction_kernel(k: CppKernel) -> list:
     parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
     lines = []
     if parallel:
-        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"
+                     + _omp_if(total))
     depth = 0
     for v, s in zip(xnames, xsizes):
         lines.append("    " * depth + _for(v, s) + " {"); depth += 1
@@ -775,10 +796,13 @@ def _is_column_reduction(k, xvars, rvars, xnames, rnames) -> bool:
     return any(e.coeff(xi) == 1 for e in exprs) and not any(e.coeff(ri) == 1 for e in exprs)
 
 
-def _column_block(xsizes, parallel: bool) -> int:
+def _column_block(xsizes, parallel: bool, hints=None) -> int:
     """Columns per block: COLUMN_BLOCK, fewer when a parallel kernel would have fewer blocks than
-    threads (down to LANES); at most the row's length."""
-    xb, inner, outer = COLUMN_BLOCK, sympy.sympify(xsizes[-1]), _numel(xsizes[:-1])
+    threads (down to LANES); at most the row's length. Symbolic sizes (§10.3): chosen at the hints
+    (any block is correct: the last one of a row takes the remainder)."""
+    xb, inner, outer = COLUMN_BLOCK, sympy.sympify(xsizes[-1]), sympy.sympify(_numel(xsizes[:-1]))
+    if hints:
+        inner, outer = inner.subs(hints), outer.subs(hints)
     if inner.is_Integer and outer.is_Integer:
         while parallel and xb > LANES and int(outer) * -(-int(inner) // xb) < get_num_threads():
             xb //= 2
@@ -794,19 +818,29 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
     loops = phases(k.group)
     total = _numel(xsizes) * _numel(rsizes)
     parallel = not (total.is_Integer and int(total) < PARALLEL_MIN)
-    xb = _column_block(xsizes, parallel)
+    xb = _column_block(xsizes, parallel, k.sched.lowered.hints)
     xi, inner = xnames[-1], sympy.sympify(xsizes[-1])
     static = inner.is_Integer and int(inner) % xb == 0
     n = str(xb) if static else f"{xi}_n"
+
+    def phases_of(n):
+        out = []
+        for kind, nodes in loops:
+            if kind == "row":
+                out += _column_rows(k, nodes, xvars, rvars, (xi, n, xb))
+            else:
+                out += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
+        return out
     block = [] if static else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
-    for kind, nodes in loops:
-        if kind == "row":
-            block += _column_rows(k, nodes, xvars, rvars, (xi, n, xb))
-        else:
-            block += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
+    if inner.is_Integer:
+        block += phases_of(n)
+    else:       # §10.3: full blocks run constant trip counts; the last one the remainder
+        block += ([f"if ({n} == {xb}) {{"] + ["    " + x for x in phases_of(str(xb))] + ["} else {"]
+                  + ["    " + x for x in phases_of(n)] + ["}"])
     lines = []
     if parallel:
-        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}")
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"
+                     + _omp_if(total))
     loops_x = [_for(v, s) for v, s in zip(xnames[:-1], xsizes[:-1])] + [_for(f"{xi}_block", inner, step=xb)]
     for d, text in enumerate(loops_x):
         lines.append("    " * d + text + " {")
@@ -935,7 +969,7 @@ def generate(sched) -> CppModule:
         call, new = [], set()
         if g.kind == "extern":
             e = g.nodes[0]
-            call += extern_call(e, low.unbacked, pydtype(e.dtype))
+            call += extern_call(e, low.unbacked, pydtype(e.dtype), low.checks)
             new.add(e.name)
         else:
             k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)

@@ -221,7 +221,7 @@ def generate(sched) -> TritonModule:
             index += 1
         elif g.kind == "extern":
             e = g.nodes[0]
-            call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}")
+            call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}", low.checks)
             new.add(e.name)
         else:
             sources, params, numels, alternatives = _fused_kernel(index, g, sched)

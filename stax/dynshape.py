@@ -18,14 +18,24 @@ Where to look:
   - `ShapeEnv.evaluate` / `decide` .. three-valued evaluation over the ranges; guards on the hint
   - `SymInt` ....................... what `x.shape[0]`, `x.size()`, `numel()` return while tracing
   - `ShapeEnv.guard_source` ......... the guard function's text (STAX_LOGS=guards prints it)
+  - `ShapeEnv.add_unbacked`, `SymBool`, `ShapeEnv.assume` .. §10.5 data-dependent sizes u0, u1, ...:
+    decided only when their constraints settle it (Prop. 10.4), else an error suggesting
+    `stax._check(...)`, which adds the constraint and a run-time check
 """
 from __future__ import annotations
+
+import os
+import traceback
 
 import sympy
 
 from .tensor import SymbolicInt
 
 UNBOUNDED = None      # the upper end of a symbol's default range [2, inf)
+
+
+class DataDependentError(RuntimeError):
+    """§10.5: a decision about a data-dependent size that its known constraints do not settle."""
 
 
 def _sym(name: str) -> sympy.Symbol:
@@ -63,12 +73,17 @@ class ShapeEnv:
     """Symbols with hints and ranges, the guards recorded while tracing, and where each symbol is
     read at run time (`sources`: symbol -> (input position, dim))."""
 
-    def __init__(self):
+    def __init__(self, padding=None):
+        self.padding = padding          # "pow2": each symbol's range is its power-of-two bucket
         self.hints: dict = {}           # symbol -> the example's size
         self.ranges: dict = {}          # symbol -> (lo, hi or UNBOUNDED)
         self.sources: dict = {}         # symbol -> (input position, dim): where it is bound
         self.guards: list = []          # sympy relations, each true on the hints (Def. 10.2)
         self.by_hint: dict = {}         # hint -> symbol (duck sizing)
+        self.unbacked: dict = {}        # §10.5 data-dependent symbol -> what it counts (no hint)
+        self.facts: list = []           # relations stated with stax._check (and u <= N)
+        self.replacements: dict = {}    # unbacked symbol -> expression stated equal to it
+        self.checks: list = []          # stax._check relations, checked at run time (Prop. 10.4)
 
     # -- symbols --
     def create_symbol(self, hint: int, source) -> sympy.Expr:
@@ -78,9 +93,27 @@ class ShapeEnv:
         if hint in self.by_hint:
             return self.by_hint[hint]
         s = _sym(f"s{len(self.hints)}")
-        self.hints[s], self.ranges[s], self.sources[s] = hint, (2, UNBOUNDED), source
+        self.hints[s], self.ranges[s], self.sources[s] = hint, self._range_of(hint), source
         self.by_hint[hint] = s
         return s
+
+    def add_unbacked(self, sym, what: str, upper=None):
+        """§10.5: a size known only at run time: 0 <= sym (<= upper, an expression, when known)."""
+        hi = None
+        if upper is not None:
+            b = self.bounds(upper)
+            hi = int(b[1]) if b is not None and b[1].is_Integer else None
+            self.facts.append(sympy.Le(sym, upper))
+        self.unbacked[sym], self.ranges[sym] = what, (0, hi)
+
+    def _range_of(self, hint: int) -> tuple:
+        """Prop. 10.3 bucketing: with padding "pow2" a size n is served by the artifact of its
+        bucket (2^(k-1), 2^k], 2^k = n rounded up to a power of two; the kernels mask (and pad
+        reductions with their identity) up to 2^k. Otherwise [2, inf)."""
+        if self.padding != "pow2":
+            return (2, UNBOUNDED)
+        hi = 1 << (hint - 1).bit_length()
+        return (max(2, hi // 2 + 1), hi)
 
     def size_hint(self, expr) -> int:
         e = sympy.sympify(expr).subs(self.hints)
@@ -117,6 +150,12 @@ class ShapeEnv:
     def evaluate(self, rel):
         """True / False when `rel` holds / fails for every value in the ranges, else None."""
         rel = sympy.sympify(rel)
+        if self.replacements:
+            rel = rel.subs(self.replacements)
+        if rel in self.facts:
+            return True
+        if rel not in (sympy.true, sympy.false) and rel.negated in self.facts:
+            return False
         if rel in (sympy.true, sympy.false):
             return bool(rel)
         d = sympy.expand(rel.lhs - rel.rhs)
@@ -146,6 +185,8 @@ class ShapeEnv:
         known = self.evaluate(rel)
         if known is not None:
             return known
+        if self.unbacked and rel.free_symbols & set(self.unbacked):
+            raise DataDependentError(self.undecidable_message(rel))
         value = bool(rel.subs(self.hints))
         guard = rel if value else rel.negated
         if guard not in self.guards:
@@ -154,9 +195,48 @@ class ShapeEnv:
 
     def specialize(self, expr) -> int:
         """An int was needed (a Python scalar, `range(n)`, an index): the hint, guarded equal."""
+        if self.unbacked and sympy.sympify(expr).free_symbols & set(self.unbacked):
+            raise DataDependentError(self.undecidable_message(None, expr))
         v = self.size_hint(expr)
         self.decide(sympy.Eq(expr, v))
         return v
+
+    # -- §10.5 Prop. 10.4: no hint, so only what the constraints prove; stax._check adds some --
+    def undecidable_message(self, rel, value=None) -> str:
+        what = f"`{relation_text(rel)}`" if rel is not None else f"the value of `{pyexpr(value)}`"
+        syms = (rel if rel is not None else sympy.sympify(value)).free_symbols & set(self.unbacked)
+        known = "; ".join(f"{u} is {self.unbacked[u]}, {self.ranges[u][0]} <= {u}"
+                          + (f" <= {self.ranges[u][1]}" if self.ranges[u][1] is not None else "")
+                          for u in sorted(syms, key=str))
+        hint = f"stax._check({relation_text(rel)})" if rel is not None else "stax._check(...)"
+        return (f"cannot decide {what} at {_user_frame()}: it depends on a size computed from the data "
+                f"({known}), which has no example value to decide on (§10.5, Prop. 10.4). If it holds "
+                f"for every input, state it before this line with {hint} (written with the tensors' "
+                "sizes, e.g. stax._check(i.shape[0] == x.shape[0])); it becomes a run-time check")
+
+    def assume(self, rel):
+        """`stax._check(rel)`: `rel` holds from here on (a fact; a bound narrows a range, an equality
+        replaces the data-dependent symbol) and is checked at run time."""
+        known = self.evaluate(rel)
+        if known is True:
+            return
+        if known is False:
+            raise RuntimeError(f"stax._check({relation_text(rel)}) fails for every size the program can see")
+        self.facts.append(rel)
+        self.checks.append(rel)
+        bound = linear_bound(rel)
+        if bound is not None and bound[0] in self.ranges:
+            s, lo, hi = bound
+            a, b = self.ranges[s]
+            a = a if lo is None else max(a, int(lo))
+            b = (hi if b is None else b if hi is None else min(b, int(hi)))
+            self.ranges[s] = (a, b)
+        elif isinstance(rel, sympy.Eq):
+            for u in sorted(rel.free_symbols & set(self.unbacked), key=str):
+                sol = sympy.solve(rel, u)
+                if len(sol) == 1 and sol[0].is_integer is not False and u not in sol[0].free_symbols:
+                    self.replacements[u] = sol[0]
+                    break
 
     # -- §10.4 the guard function --
     def guard_source(self, layouts, name="guard") -> str:
@@ -171,8 +251,11 @@ class ShapeEnv:
             lines.append(f"    if len(m{pos}.shape) != {len(shape)}: return False")
         for s in sorted(self.sources, key=str):
             pos, dim = self.sources[s]
+            lo, hi = self.ranges[s]
             lines.append(f"    {s} = m{pos}.shape[{dim}]")
-            lines.append(f"    if {s} < 2: return False")
+            lines.append(f"    if {s} < {lo}: return False")
+            if hi is not UNBOUNDED:
+                lines.append(f"    if {s} > {hi}: return False")
         for pos, (shape, stride) in enumerate(layouts):
             for what, items in (("shape", shape), ("stride", stride)):
                 for d, e in enumerate(items):
@@ -186,16 +269,60 @@ class ShapeEnv:
         return "\n".join(lines) + "\n"
 
 
+def _user_frame() -> str:
+    """The innermost stack frame outside the stax package: where the user's code decided."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if not os.path.abspath(frame.filename).startswith(here):
+            return f"{frame.filename}:{frame.lineno}: `{(frame.line or '').strip()}`"
+    return "<unknown>"
+
+
+REL_OPS = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Gt: ">", sympy.Ge: ">=", sympy.Lt: "<", sympy.Le: "<="}
+
+
+def relation_text(rel) -> str:
+    """`n > 32`, `u0 == s0`: a relation as the user would write it."""
+    return f"{pyexpr(rel.lhs)} {REL_OPS[type(rel)]} {pyexpr(rel.rhs)}"
+
+
+def linear_bound(rel):
+    """(symbol, lo, hi) when `rel` is a linear bound (or a value) on one symbol, else None; lo or hi
+    is None where the relation leaves that end open (an empty range when lo > hi)."""
+    import math
+    if not isinstance(rel, (sympy.Eq, sympy.Gt, sympy.Ge, sympy.Lt, sympy.Le)):
+        return None
+    d = sympy.expand(rel.lhs - rel.rhs)
+    if len(d.free_symbols) != 1:
+        return None
+    (s,) = d.free_symbols
+    a, b = d.coeff(s, 1), d.subs(s, 0)
+    if not (a.is_Number and b.is_Number and a != 0 and sympy.expand(a * s + b - d) == 0):
+        return None
+    t = -b / a                                   # the relation is `s R t`, R flipped when a < 0
+    kind = type(rel)
+    if a < 0:
+        kind = {sympy.Gt: sympy.Lt, sympy.Lt: sympy.Gt, sympy.Ge: sympy.Le, sympy.Le: sympy.Ge}.get(kind, kind)
+    if kind is sympy.Eq:
+        return (s, t, t) if t.is_Integer else (s, 1, 0)
+    return {sympy.Gt: (s, math.floor(t) + 1, None), sympy.Ge: (s, math.ceil(t), None),
+            sympy.Lt: (s, None, math.ceil(t) - 1), sympy.Le: (s, None, math.floor(t))}[kind]
+
+
 def pyexpr(e) -> str:
     """A sympy size expression (or relation) as Python text over the symbols' names."""
     from sympy.printing.pycode import PythonCodePrinter
 
     class _P(PythonCodePrinter):
+        def _operand(self, x):          # (`a // 2*s1` would divide by 2, then multiply)
+            text = self._print(x)
+            return text if text.isidentifier() or text.isdigit() else f"({text})"
+
         def _print_FloorDiv(self, expr):
-            return f"({self._print(expr.args[0])} // {self._print(expr.args[1])})"
+            return f"({self._operand(expr.args[0])} // {self._operand(expr.args[1])})"
 
         def _print_ModularIndexing(self, expr):
-            a, d, m = (self._print(x) for x in expr.args)
+            a, d, m = (self._operand(x) for x in expr.args)
             return f"(({a} // {d}) % {m})"
 
         def _print_floor(self, expr):
@@ -208,13 +335,39 @@ def pyexpr(e) -> str:
 # ---- §10.2 What traced code sees: a size that is an expression ----
 
 
+class SymBool:
+    """§10.5: a comparison of data-dependent sizes that their constraints do not settle. Using it
+    as a bool raises DataDependentError; `stax._check(it)` states it (`assume`) instead."""
+    __slots__ = ("rel", "env")
+
+    def __init__(self, rel, env: ShapeEnv):
+        self.rel, self.env = rel, env
+
+    def __bool__(self):
+        raise DataDependentError(self.env.undecidable_message(self.rel))
+
+    def assume(self):
+        self.env.assume(self.rel)
+
+    def __repr__(self):
+        return relation_text(self.rel)
+
+
+def _decision(env, rel):
+    """A comparison's value: a bool (decided, maybe under a guard), or a SymBool for an undecidable
+    decision about data-dependent sizes (an error unless it goes to stax._check)."""
+    if env.unbacked and rel.free_symbols & set(env.unbacked) and env.evaluate(rel) is None:
+        return SymBool(rel, env)
+    return env.decide(rel)
+
+
 def _cmp(op):
     def method(self, other):
         if not isinstance(other, (int, SymInt)) or isinstance(other, bool):
             if isinstance(other, float):
-                return self.env.decide(op(self.expr, sympy.Float(other)))
+                return _decision(self.env, op(self.expr, sympy.Float(other)))
             return NotImplemented
-        return self.env.decide(op(self.expr, _expr(other)))
+        return _decision(self.env, op(self.expr, _expr(other)))
     return method
 
 
@@ -280,7 +433,7 @@ class SymInt(SymbolicInt):
         return self if self >= 0 else -self
 
     def __bool__(self):
-        return self != 0
+        return bool(self != 0)
 
     def __int__(self):
         return self.env.specialize(self.expr)

@@ -177,6 +177,24 @@ def _divisible(term, b) -> bool:
 # ---- §6.8 Interval reasoning over index ranges ----
 
 
+def upper_bound(expr, bounds: dict):
+    """§10.3: the largest value of a size expression over its symbols' ranges (`bounds`: symbol ->
+    upper end), or None when a symbol is unbounded. A polynomial with nonnegative coefficients is
+    non-decreasing in each symbol, so the upper ends give its maximum."""
+    expr = sympy.expand(sympy.sympify(expr))
+    if expr.is_Integer:
+        return int(expr)
+    if not expr.free_symbols <= set(bounds) or expr.atoms(sympy.Function):
+        return None
+    try:
+        poly = sympy.Poly(expr, *sorted(expr.free_symbols, key=str))
+    except sympy.PolynomialError:
+        return None
+    if any(c < 0 for c in poly.coeffs()):
+        return None
+    return int(expr.subs(bounds))
+
+
 def index_bounds(expr, ranges: dict):
     """(lo, hi) of an index expression when each loop variable v runs over [0, ranges[v] - 1]."""
     expr = sympy.sympify(expr)
@@ -227,7 +245,44 @@ def simplify_index(expr, ranges: dict):
             if (lo >= 0) == sympy.true and (hi < e.args[2]) == sympy.true:
                 return e.args[0]
         return e
-    return sympy.expand(visit(expr))
+    return _recombine_digits(sympy.expand(visit(expr)))
+
+
+def _factor_of(term, cls):
+    """(coefficient, the one `cls` factor of `term`), or (None, None)."""
+    if isinstance(term, cls):
+        return sympy.Integer(1), term
+    if isinstance(term, sympy.Mul):
+        found = [f for f in term.args if isinstance(f, cls)]
+        if len(found) == 1:
+            return sympy.Mul(*[f for f in term.args if f is not found[0]]), found[0]
+    return None, None
+
+
+def _recombine_digits(expr):
+    """k*(y % m) + k*m*(y // m) = k*y. A reshape unflattens an index into digits and a contiguous
+    buffer's strides put them back; with integer sizes the range rule above removes the digits,
+    with symbolic ones (§10.3) only this identity does (else every load divides)."""
+    while isinstance(expr, sympy.Add):
+        terms = list(expr.args)
+        hit = None
+        for i, t in enumerate(terms):
+            k, mod = _factor_of(t, ModularIndexing)
+            if mod is None or mod.args[1] != 1:
+                continue
+            y, m = mod.args[0], mod.args[2]
+            for j, u in enumerate(terms):
+                c, div = _factor_of(u, FloorDiv)
+                if j != i and div is not None and div.args == (y, m) and sympy.expand(c - k * m) == 0:
+                    hit = (i, j, k * y)
+                    break
+            if hit:
+                break
+        if hit is None:
+            return expr
+        i, j, merged = hit
+        expr = sympy.expand(sympy.Add(*[t for n, t in enumerate(terms) if n not in (i, j)], merged))
+    return expr
 
 
 # ---- §6 The IR nodes ----
@@ -335,6 +390,9 @@ class LoweredGraph:
     outputs: list                   # buffer name (str) or Python scalar for each graph output
     mutations: list                 # (input name, buffer name): write-backs already folded into buffers
     unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
+    checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)
+    bounds: dict = field(default_factory=dict)  # size symbol -> the upper end of its range (§10.3)
+    hints: dict = field(default_factory=dict)   # size symbol -> the example's size (choices made at it)
 
     def buffer(self, name):
         for b in self.inputs + self.buffers:

@@ -412,7 +412,8 @@ def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) 
     output dims stay innermost, so both kernels read and write them contiguously.
     """
     rnumel = sympy.prod(red.reduction_ranges)
-    piece = -(-rnumel // splits)
+    # ceil(R / splits); for a symbolic R (§10.3) a run-time floor division
+    piece = -(-rnumel // splits) if sympy.sympify(rnumel).is_Integer else FloorDiv(rnumel + splits - 1, splits)
     rvars_shape = list(red.reduction_ranges)
     ident = reduction_identity(red.reduction_type, red.src_dtype)
 
@@ -436,7 +437,7 @@ def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) 
 
     name1 = new_name()
     ranges1 = [sympy.Integer(splits)] + list(red.ranges) if outer else list(red.ranges) + [sympy.Integer(splits)]
-    first = Reduction(name1, red.src_dtype, ranges1, [sympy.Integer(piece)], red.reduction_type,
+    first = Reduction(name1, red.src_dtype, ranges1, [sympy.sympify(piece)], red.reduction_type,
                       first_fn, red.src_dtype, Layout(tuple(ranges1), contiguous_strides(ranges1)),
                       list(red.origins))
     load1 = _load_from(name1, red.src_dtype, first.layout)
@@ -631,10 +632,13 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
         lo.add_node(node)
     outputs = lo.store_outputs(graph)
     mutations = lo.write_back_mutations(graph)
-    lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})))
+    lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})),
+                            list(getattr(graph, "checks", ())), dict(getattr(graph, "bounds", {})),
+                            dict(getattr(graph, "hints", {})))
     if split_policy is not None:
         done = chunk_deviations(lowered, deviation_piece, lo.new_name) if deviation_piece else set()
-        _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy, done)
+        _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy, done,
+                            dict(getattr(graph, "hints", {})))
     return lowered
 
 
@@ -862,14 +866,20 @@ def reads_across_rows(red: Reduction) -> bool:
     return any(e.coeff(v) == 1 for e in exprs for v in xv)
 
 
-def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_split_policy=None, done=()):
+def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_split_policy=None, done=(),
+                        hints=None):
+    """Alg. 6.1 per reduction (those in `done`, var's pieces, are already split). With symbolic
+    sizes (§10.3) the split count is chosen at the hints (`hints`: symbol -> the example's size);
+    `split_reduction` keeps it correct at every size."""
     out = []
     for buf in lowered.buffers:
         if isinstance(buf, Reduction) and buf.reduction_type in ("sum", "prod", "amax", "amin") \
                 and buf.name not in done:
             outer = outer_split_policy is not None and reads_across_rows(buf)
-            splits = (outer_split_policy if outer else split_policy)(
-                sympy.prod(buf.ranges), sympy.prod(buf.reduction_ranges))
+            numel_out, numel_red = sympy.prod(buf.ranges), sympy.prod(buf.reduction_ranges)
+            if hints:
+                numel_out, numel_red = sympy.sympify(numel_out).subs(hints), sympy.sympify(numel_red).subs(hints)
+            splits = (outer_split_policy if outer else split_policy)(numel_out, numel_red)
             if splits > 1:
                 out.extend(split_reduction(buf, splits, new_name, outer=outer))
                 continue

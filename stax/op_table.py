@@ -370,6 +370,10 @@ OPS = {d.name: d for d in [
     OpDef("index_put", "other", -1, _index_put),
     # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
     OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
+    OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
+          fallback=True),
+    OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],
+          fallback=True),
     # graph-only: capture.py's functional form of a write through a slice / select view
     OpDef("slice_scatter", "scatter", 2, None),
     OpDef("select_scatter", "scatter", 2, None),

@@ -35,7 +35,7 @@ __all__ = """permute expand expand_as select view reshape unsqueeze squeeze flat
     narrow broadcast_shapes add sub div true_divide floor_divide multiply subtract to_dtype where
     clamp clip gelu silu sum prod amax amin argmax argmin max min mean var std logsumexp cumsum
     softmax log_softmax layer_norm matmul mm bmm cat concat stack clone contiguous nonzero
-    unique copy_ fill_ zero_""".split()
+    unique bincount masked_select _check copy_ fill_ zero_""".split()
 __all__ += [d.name for d in OPS.values() if d.kind in ("unary", "binary") and d.name not in __all__]
 
 
@@ -278,11 +278,15 @@ def _broadcast_shapes(*shapes):
     for s in shapes:
         for i, size in enumerate(s):
             j = nd - len(s) + i
-            if size != out[j] and size != 1:
-                if out[j] != 1:
-                    raise RuntimeError(f"The size of tensor a ({out[j]}) must match the size of "
-                                       f"tensor b ({size}) at non-singleton dimension {j}")
+            # a literal 1 on either side needs no decision: the other size is the result, even
+            # when it is a data-dependent size (§10.5) that turns out to be 1 at run time
+            if size.__class__ is int and size == 1:
+                continue
+            if out[j].__class__ is int and out[j] == 1:
                 out[j] = size
+            elif size != out[j]:
+                raise RuntimeError(f"The size of tensor a ({out[j]}) must match the size of "
+                                   f"tensor b ({size}) at non-singleton dimension {j}")
     return tuple(out)
 
 
@@ -774,6 +778,33 @@ def nonzero(x):
 
 def unique(x, sorted=True):
     return _op("unique", [x], {}, _meta((None,), x.dtype, x.device))
+
+
+def bincount(x, weights=None, minlength=0):
+    if weights is not None:
+        raise NotImplementedError("stax.bincount: weights are not supported; multiply the one-hot "
+                                  "counts yourself, or run it outside the compiled function")
+    if x.ndim != 1 or x.dtype.is_floating_point or x.dtype.name == "bool":
+        raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs, got a "
+                           f"{x.ndim}-d {x.dtype.name} tensor")
+    return _op("bincount", [x], {"minlength": int(minlength)}, _meta((None,), int64, x.device))
+
+
+def masked_select(x, mask):
+    if mask.dtype.name != "bool":
+        raise RuntimeError(f"masked_select: expected a bool mask, got {mask.dtype.name}")
+    _broadcast_shapes(x.shape, mask.shape)      # (raises as eager does when they do not broadcast)
+    return _op("masked_select", [x, mask], {}, _meta((None,), x.dtype, _device(x, mask)))
+
+
+def _check(cond, message=None):
+    """`stax._check(cond)` (§10.5, Prop. 10.4): state a fact about sizes. On real sizes it raises
+    when `cond` is false; while compiling, a decision about a data-dependent size that its
+    constraints do not settle becomes a constraint and a run-time check."""
+    if hasattr(cond, "assume"):             # a dynshape.SymBool
+        cond.assume()
+    elif not cond:
+        raise RuntimeError(message or "stax._check failed")
 
 
 # ---- In-place writes: cast and broadcast a result to the target, then tensor._write ----

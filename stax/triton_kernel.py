@@ -579,7 +579,7 @@ def numel_lines(axes) -> list:
 
 # ---- §9.1 Printing a whole kernel ----
 
-_SIZE_SYMBOL = re.compile(r"(?<![A-Za-z0-9_])(s[0-9]+)(?![A-Za-z0-9_])")
+_SIZE_SYMBOL = re.compile(r"(?<![A-Za-z0-9_])([su][0-9]+)(?![A-Za-z0-9_])")   # u: §10.5
 
 
 

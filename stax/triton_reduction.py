@@ -24,7 +24,7 @@ import sympy
 
 from .autotune import next_pow2
 from .dtypes import bool_, int64
-from .ir import ModularIndexing, Reduction, reduction_identity, set_handler
+from .ir import ModularIndexing, Reduction, reduction_identity, set_handler, upper_bound
 from .printer import Var
 from .schedule import node_index, phases
 from .triton_kernel import (TritonKernel, TritonPrinter, axis_lines, literal, numel_lines, setup_axes, texpr,
@@ -52,9 +52,10 @@ def _reduction_form(k) -> tuple:
     rnumel = k.raxis.numel
     inner = any(_contiguous_along(e, k.raxis.dims[-1]) for e in k.exprs) if k.raxis.dims else True
     hint = "INNER" if inner else "OUTER"
-    if not rnumel.is_Integer:
-        return "red", None, hint
     limit = 1024 if inner else 64
+    if not rnumel.is_Integer:          # §10.3: decided against the range's upper end (masks kept)
+        hi = upper_bound(rnumel, k.sched.lowered.bounds)
+        return ("per", next_pow2(hi), hint) if hi is not None and hi <= limit else ("red", None, hint)
     if inner and int(rnumel) > limit and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
         # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) up to
         # MULTI_PASS_PERSISTENT_LIMIT gets both forms, and the launch measures which is faster

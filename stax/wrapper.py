@@ -176,11 +176,19 @@ def wrapper_launches(sched, calls, indent: str) -> list:
     return lines
 
 
-def extern_call(e, unbacked: dict, dtype_text: str) -> list:
-    """§6.1: a fallback kernel's line, and the data-dependent sizes (unbacked symbols) it defines."""
+def extern_call(e, unbacked: dict, dtype_text: str, checks=()) -> list:
+    """§6.1: a fallback kernel's line, the data-dependent sizes (unbacked symbols) it defines, and
+    the stax._check relations (§10.5) that become checkable once they are defined."""
     args = ", ".join(pyarg(a) for a in e.inputs)
     lines = [f"{pyname(e.name)} = extern_kernel({pylit(e.op)}, [{args}], {pyparams(e.params)}, {dtype_text})"]
     for sym, (node_name, dim) in unbacked.items():
         if node_name in e.origins:
             lines.append(f"{pyname(sym.name)} = {pyname(e.name)}.shape[{pyint(dim)}]")
+    mine = {s for s, (node_name, _) in unbacked.items() if node_name in e.origins}
+    for rel in checks:      # each right after the fallback defining its last data-dependent size
+        last = max((s for s in rel.free_symbols if s in unbacked), key=lambda s: int(s.name[1:]), default=None)
+        if last in mine:
+            from .dynshape import pyexpr, relation_text     # (only graphs with checks load sympy)
+            what = f"stax._check({relation_text(rel)}) failed: a size computed from the data broke it"
+            lines.append(f"if not ({pyexpr(rel)}): raise RuntimeError({what!r})")
     return lines
