@@ -8,7 +8,7 @@ kernel writer (`triton_kernel`: pointwise kernels and the kernel's text), the re
 
 Consumes a `schedule.Schedule` (the same one the C++ back end prints); produces a `TritonModule`:
 one Python module holding a Triton kernel per fusion group (`triton_poi_fused_N`,
-`triton_per_fused_N`, `triton_red_fused_N`, `triton_tem_fused_mm_N`), each handed to
+`triton_per_fused_N`, `triton_red_fused_N`, `triton_tem_fused_mm_N`, `triton_tem_fused_conv_N`), each handed to
 `async_compile.triton(...)`, and the wrapper `call(args)` of Listing 9.6.
 
 Where to look:
@@ -16,6 +16,7 @@ Where to look:
   - `triton_kernel.py` ................... §9.1–9.3 the printer, tiling, pointwise kernels
   - `triton_reduction.py` ................ §9.4–9.5 reduction kernels (Listings 9.1, 9.4, 9.5)
   - `templates.py` ....................... §9.8 the matmul kernel
+  - `conv_template.py` ................... §9.8 the convolution kernel (implicit GEMM)
   - `_wrapper` ........................... Listing 9.6
   - `generate(schedule)` ................. the entry point; `TritonModule.source` the module's text
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from .conv_template import conv_applies, conv_template
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import outer_applies, outer_reduction_kernel
@@ -171,9 +173,10 @@ def generate(sched) -> TritonModule:
 
     for g in sched.groups:
         call, new = [], set()
-        if g.kind == "extern" and template_applies(g.nodes[0], low):
-            e = g.nodes[0]           # §9.8: a matmul runs as a Triton template, not on the host
-            name, src, operands, numels = mm_template(index, e, low)
+        conv = g.kind == "extern" and conv_applies(g.nodes[0], low)
+        if conv or (g.kind == "extern" and template_applies(g.nodes[0], low)):
+            e = g.nodes[0]           # §9.8: a matmul or convolution runs as a Triton template
+            name, src, operands, numels = (conv_template if conv else mm_template)(index, e, low)
             call.append(_alloc(e.name, e.layout, e.dtype))
             new.add(e.name)
             launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])

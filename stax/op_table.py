@@ -1,6 +1,6 @@
 """The op table: every primitive op of Stax, declared once.
 
-Layer: the bottom of the stack, next to dtypes.py (it imports only numpy, math and dtypes.py).
+Layer: the bottom of the stack, next to dtypes.py (it imports only numpy, math, dtypes.py and conv_numpy.py).
 Every other layer reads it: tensor.py (which ops are views or factories, the eager numpy
 implementation the choke point runs), tensor_ops.py (each pointwise op's dtype rule), lower.py
 (§6: which ops lower as pointwise math, which as views, which stay fallback kernels), and the
@@ -13,7 +13,7 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, cumsum, nonzero, unique), scatters
+                                               fallbacks (matmul, conv2d, cumsum, nonzero, unique), scatters
   - the eager random state ................... manual_seed (tensor.py re-exports it)
 
 How a printer spells an op: for a generic unary op, `cpp`/`triton` is a function name, printed
@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from .conv_numpy import conv2d_numpy
 from .dtypes import float64
 
 # ---- The record ----
@@ -220,6 +221,8 @@ OPS = {d.name: d for d in [
     OpDef("cumsum", "other", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
           cast_inputs=True, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
+    # inputs [x, weight] or [x, weight, bias]; on the GPU conv_template.py prints it as a template
+    OpDef("conv2d", "other", 3, conv2d_numpy, cast_inputs=True, fallback=True),
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
     OpDef("unique", "other", 1, lambda x: np.unique(x.reshape(-1)), fallback=True),
