@@ -58,6 +58,9 @@ CASES = {
     "depthwise_multiplier": ((1, 3, 8, 8), (6, 3, 3), 1, 1, 1, 3, True),
     "pointwise_1x1_s2": ((3, 5, 8, 7), (7, 1, 1), 2, 0, 1, 1, True),
     "big_kernel_dil": ((1, 2, 16, 17), (3, 7, 5), 3, (3, 2), (2, 3), 1, False),
+    # 16 or more channels per group: the GPU template's tap-major K loop
+    "taps_groups_dil": ((2, 32, 9, 8), (8, 3, 3), 2, (1, 0), (1, 2), 2, True),
+    "taps_1x1_odd_c": ((1, 40, 5, 7), (12, 1, 1), 1, 0, 1, 1, False),
 }
 
 
@@ -181,7 +184,7 @@ def _run_gpu(fn, *args):
 
 
 @pytest.mark.parametrize("case", ["odd_3x3_pad", "stride2_rect", "depthwise_stride2", "pointwise_1x1_s2",
-                                  "big_kernel_dil"])
+                                  "big_kernel_dil", "taps_groups_dil", "taps_1x1_odd_c"])
 def test_gpu_template_matches_the_direct_loop(case, rng):
     xs, ws, stride, pad, dil, groups, bias = CASES[case]
     x, w, b = _inputs(rng, xs, ws, groups, bias)
@@ -195,6 +198,8 @@ def test_gpu_template_matches_the_direct_loop(case, rng):
     assert list(gen.kernels) == ["triton_tem_fused_conv_0"]
     src = gen.kernels["triton_tem_fused_conv_0"]
     assert 'input_precision="ieee"' in src and ("bias = tl.load" in src) == bias
+    assert ("for t in range(" in src) == (xs[1] // groups >= 16)       # tap loop, else flat K
+    assert ("(ih >= 0)" in src) == (_pad4(pad)[0][0] > 0)               # window tests only for padding
 
 
 @pytest.mark.parametrize("dtype", [stax.float16, stax.bfloat16])
@@ -209,8 +214,21 @@ def test_gpu_template_half_types_channels_last(dtype, rng):
     assert out.dtype is dtype
     assert_close(out.double(), direct_conv(f64(x), f64(w), f64(b), padding=_pad4(1)), dtype)
     src = cf.last_generated.kernels["triton_tem_fused_conv_0"]
-    assert "c_k = rk % 24" in src and "c_k[None, :] + ih * 120 + iw * 24" in src    # K order (kh, kw, c)
+    # taps × channel blocks, channels read along their contiguous dimension
+    assert "a_row = x_row + ih * 120 + iw * 24" in src and "(a_row[:, None] + rc[None, :])" in src
     assert "input_precision" not in src
+
+
+def test_gpu_template_flat_loop_reads_channels_last_in_memory_order(rng):
+    x_nhwc = stax.tensor(rng.standard_normal((2, 7, 6, 6)), dtype=stax.float32)
+    w, b = stax.randn(5, 6, 3, 3), None
+    cf = stax.compile(lambda x, w: stax.conv2d(x, w, stride=2, padding=(0, 1)))
+    out = cf(x_nhwc.to("cuda").permute(0, 3, 1, 2), w.to("cuda")).cpu()
+    x = x_nhwc.permute(0, 3, 1, 2)
+    assert_close(out, direct_conv(f64(x), f64(w), b, (2, 2), _pad4((0, 1))), stax.float32)
+    src = cf.last_generated.kernels["triton_tem_fused_conv_0"]
+    assert "c_k = rk % 6" in src and "kh_k = (rk // 18)" in src        # K order (kh, kw, c)
+    assert "(ih >= 0)" not in src and "(iw >= 0) & (iw < 6)" in src
 
 
 def test_gpu_fallbacks_epilogue_and_specials(rng):
