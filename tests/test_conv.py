@@ -287,3 +287,15 @@ def test_resnet_layer_kernels_build_for_sm90_in_every_configuration(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     built = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(built) >= 10 and all(elf and warps >= 1 for elf, warps in built.values()), built
+
+
+@pytest.mark.parametrize("channels", [4, 16])
+def test_gpu_template_int64_offsets(channels, monkeypatch, rng):
+    """Past 2**31 elements the index arithmetic is int64 (both K loops; forced here by a lower limit)."""
+    from stax import conv_template
+    monkeypatch.setattr(conv_template, "INT32_LIMIT", 1)
+    x, w, b = _inputs(rng, (1, channels, 6, 5), (3, 3, 3), 1, True)
+    out, gen = _run_gpu(lambda x, w, b: stax.conv2d(x, w, b, padding=1, stride=(1, 2)), x, w, b)
+    assert_close(out, direct_conv(f64(x), f64(w), f64(b), (1, 2), _pad4(1)), stax.float32)
+    src = gen.kernels["triton_tem_fused_conv_0"]
+    assert "'mnumel': 'i64'" in src and "tl.arange(0, BLOCK_K).to(tl.int64)" in src
