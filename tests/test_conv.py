@@ -299,3 +299,18 @@ def test_gpu_template_int64_offsets(channels, monkeypatch, rng):
     assert_close(out, direct_conv(f64(x), f64(w), f64(b), (1, 2), _pad4(1)), stax.float32)
     src = gen.kernels["triton_tem_fused_conv_0"]
     assert "'mnumel': 'i64'" in src and "tl.arange(0, BLOCK_K).to(tl.int64)" in src
+
+
+def test_gpu_template_reads_broadcast_and_sliced_operands_in_place(rng):
+    """An expanded input (batch stride 0), a sliced weight (an offset) and a strided bias go to
+    the template as views of their buffers: no copy kernel runs before it."""
+    x1 = stax.tensor(rng.standard_normal((1, 16, 5, 6)), dtype=stax.float32)
+    w_all = stax.tensor(rng.standard_normal((9, 16, 3, 3)), dtype=stax.float32)
+    b_all = stax.tensor(rng.standard_normal(12), dtype=stax.float32)
+    fn = lambda x, w, b: stax.conv2d(x.expand(3, 16, 5, 6), w[2:7], b[1::2][:5], padding=(2, 1))
+    out, gen = _run_gpu(fn, x1, w_all, b_all)
+    x = np.broadcast_to(f64(x1), (3, 16, 5, 6))
+    assert_close(out, direct_conv(x, f64(w_all)[2:7], f64(b_all)[1::2][:5], padding=_pad4((2, 1))), stax.float32)
+    assert list(gen.kernels) == ["triton_tem_fused_conv_0"]
+    src = gen.kernels["triton_tem_fused_conv_0"]
+    assert "x_row = g * 480" in src and "w_col = 288 + co * 144" in src and "in_ptr2 + (1 + co * 2)" in src
