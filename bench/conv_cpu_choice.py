@@ -84,7 +84,9 @@ def _direct_lib():
     return ffi, ffi.dlopen(str(so))
 
 
-def _median_ms(fn, runs):
+def _ms(fn, runs) -> tuple:
+    """(median, min) milliseconds of `runs` calls after half a second of calls (the min is the
+    steadier figure on a shared machine)."""
     t_end = time.perf_counter() + 0.5
     while time.perf_counter() < t_end:
         fn()
@@ -93,7 +95,7 @@ def _median_ms(fn, runs):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * statistics.median(ts), 1e3 * min(ts)
 
 
 def main():
@@ -104,7 +106,8 @@ def main():
     from stax.conv_numpy import conv2d_numpy
     ffi, lib = _direct_lib()
     rng = np.random.default_rng(0)
-    print(f"{'shape':16} {'im2col+BLAS ms':>15} {'C++ direct ms':>14} {'direct/im2col':>14} {'GFLOP/s (best)':>15}")
+    print(f"{'shape':16} {'im2col+BLAS ms median (min)':>28} {'C++ direct ms median (min)':>27} "
+          f"{'direct/im2col (medians, mins)':>30}")
     for name, (c, h, wd, co, k, s, p) in RESNET50_SHAPES.items():
         x = rng.standard_normal((args.batch, c, h, wd), dtype=np.float32)
         w = rng.standard_normal((co, c, k, k), dtype=np.float32)
@@ -118,9 +121,9 @@ def main():
         want = run_im2col()
         err = float(np.max(np.abs(out - want)) / (1 + np.max(np.abs(want))))
         assert err < 1e-4, (name, err)
-        t_im2col, t_direct = _median_ms(run_im2col, args.runs), _median_ms(run_direct, args.runs)
-        gflops = 2 * args.batch * co * oh * ow * c * k * k / (min(t_im2col, t_direct) * 1e6)
-        print(f"{name:16} {t_im2col:15.3f} {t_direct:14.3f} {t_direct / t_im2col:14.2f} {gflops:15.1f}")
+        (im_med, im_min), (d_med, d_min) = _ms(run_im2col, args.runs), _ms(run_direct, args.runs)
+        print(f"{name:16} {im_med:18.2f} ({im_min:7.2f}) {d_med:17.2f} ({d_min:7.2f}) "
+              f"{d_med / im_med:21.2f}, {d_min / im_min:.2f}")
 
 
 if __name__ == "__main__":
