@@ -3,6 +3,7 @@ memory-bandwidth floor.
 
     python bench/cpu.py                                  # every workload, 40 calls each
     python bench/cpu.py --only ex6_1,softmax --runs 30
+    python bench/cpu.py --only conv1_7x7_s2,layer1_3x3,layer2_3x3_s2,layer3_1x1,layer4_3x3   # conv2d
     python bench/cpu.py --torch-python /work/bench-venv/bin/python --append bench/RESULTS.md
 
 This process imports neither stax nor torch: every measurement runs in a subprocess of its own
@@ -121,8 +122,36 @@ def workloads():
         def f(t, i, r):
             t.index_add_(0, i, r)       # returns nothing: the table is updated in place
         return f
+    def np_conv(x, w, b, stride, pad):
+        """numpy's plainest convolution: one tensordot per kernel tap (no im2col)."""
+        k = w.shape[2]
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        oh, ow = (xp.shape[2] - k) // stride + 1, (xp.shape[3] - k) // stride + 1
+        out = np.broadcast_to(b.reshape(1, -1, 1, 1), (x.shape[0], w.shape[0], oh, ow)).copy()
+        for i in range(k):
+            for j in range(k):
+                patch = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+                out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j], optimize=True)
+        return out
+
+    def conv(c, h, wd, co, k, stride, pad):
+        """conv2d at batch 1 (float32, NCHW, bias): a ResNet-50 layer (issue 14 item 7)."""
+        oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+        return dict(
+            shape=f"1x{c}x{h}x{wd} * {co}x{c}x{k}x{k} s{stride} p{pad}",
+            inputs=rand((1, c, h, wd), (co, c, k, k), (co,)), out=co * oh * ow * 4, memory_bound=False,
+            stax=lambda S: (lambda x, w, b: S.conv2d(x, w, b, stride=stride, padding=pad)),
+            numpy=lambda x, w, b: np_conv(x, w, b, stride, pad),
+            torch=lambda T: (lambda x, w, b: T.nn.functional.conv2d(x, w, b, stride=stride, padding=pad)))
 
     return {
+        # ResNet-50 layers at batch 1 (bench/gpu.py has them at batch 32); the CPU's choice of
+        # im2col + BLAS over a direct C++ loop is measured by bench/conv_cpu_choice.py
+        "conv1_7x7_s2": conv(3, 224, 224, 64, 7, 2, 3),
+        "layer1_3x3": conv(64, 56, 56, 64, 3, 1, 1),
+        "layer2_3x3_s2": conv(128, 56, 56, 128, 3, 2, 1),
+        "layer3_1x1": conv(1024, 14, 14, 256, 1, 1, 0),
+        "layer4_3x3": conv(512, 7, 7, 512, 3, 1, 1),
         "ex1_1": dict(
             shape="8192x4096", inputs=rand((8192, 4096), (8192, 4096)),
             stax=lambda S: (lambda x, y: (S.relu(x + y) * 2).sum(-1)),

@@ -7,6 +7,8 @@ or `indexing` (issue 11: the embedding gather and index_add_ on a 1M x 1024 tabl
 a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
 `python bench/gpu.py attention` runs only §9.10's attention rows (issue 15) against torch's SDPA and
 FlexAttention.
+is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout);
+`python bench/gpu.py conv` runs only the conv2d workloads (CONVS: ResNet-50 layers, bf16, channels-last).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -96,6 +98,17 @@ INDEXING = {   # name -> (Stax function, torch function (given torch), row passe
     "embedding": (lambda t, i: stax.embedding(i, t), lambda T: (lambda t, i: T.nn.functional.embedding(i, t)), 2),
     "index_add": (_index_add, lambda T: _index_add, 3),
 }
+# conv2d (§9.8, issue 14 item 7): the implicit-GEMM template on ResNet-50 layers, batch 32, bf16,
+# input and weight channels-last, bias; name -> (C_in, H, W, C_out, K, stride, padding).
+# `python bench/gpu.py conv` runs only these.
+CONVS = {
+    "conv1_7x7_s2": (3, 224, 224, 64, 7, 2, 3),
+    "layer1_3x3": (64, 56, 56, 64, 3, 1, 1),
+    "layer2_3x3_s2": (128, 56, 56, 128, 3, 2, 1),
+    "layer3_1x1": (1024, 14, 14, 256, 1, 1, 0),
+    "layer4_3x3": (512, 7, 7, 512, 3, 1, 1),
+}
+CONV_BATCH = 32
 
 
 def copy_bandwidth() -> float:
@@ -271,6 +284,62 @@ def indexing(names, bw):
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def _torch_conv(c, h, w, co, k, stride, pad, host):
+    """torch.compile's time (cuDNN) for the same conv, and the largest error of Stax's result
+    (host: Stax's output and the inputs as float32 numpy) relative to torch's largest value."""
+    try:
+        import torch
+        import triton.testing
+    except ImportError:
+        return {}
+    x, wt, b, out = (torch.from_numpy(a).cuda().to(torch.bfloat16) for a in host)
+    x, wt = (t.contiguous(memory_format=torch.channels_last) for t in (x, wt))
+    tf = torch.compile(lambda x, w, b: torch.nn.functional.conv2d(x, w, b, stride=stride, padding=pad))
+    want = tf(x, wt, b).float()
+    err = float((out.float() - want).abs().max() / want.abs().max())
+    tms = triton.testing.do_bench(lambda: tf(x, wt, b), return_mode="median")
+    return {"torch_ms": tms, "rel_err_vs_torch": err}
+
+
+def convs(names):
+    """conv2d as an implicit GEMM (bf16, channels-last input and weight, bias) against torch.compile."""
+    rows = []
+    for name in names:
+        c, h, w, co, k, stride, pad = CONVS[name]
+        n = CONV_BATCH
+        x = stax.randn(n, h, w, c, device="cuda").to(stax.bfloat16).permute(0, 3, 1, 2)
+        wt = (stax.randn(co, k, k, c, device="cuda") * (1 / math.sqrt(c * k * k))).to(stax.bfloat16).permute(0, 3, 1, 2)
+        b = stax.randn(co, device="cuda").to(stax.bfloat16)
+        f = stax.compile(lambda x, w, b: stax.conv2d(x, w, b, stride=stride, padding=pad))
+        t0 = time.perf_counter()
+        out = f(x, wt, b)
+        cuda.synchronize()
+        cold = time.perf_counter() - t0
+        ms = time_calls(f, [x, wt, b])
+        oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        flop = 2 * n * co * oh * ow * c * k * k
+        row = {"workload": name, "shape": f"{n}x{c}x{h}x{w} * {co}x{c}x{k}x{k} s{stride} p{pad}",
+               "stax_ms": ms, "stax_tflops": flop / ms * 1e-9, "stax_cold_s": cold,
+               "kernels": list(f.last_generated.kernels)}
+        host = [t.float().cpu().numpy() for t in (x.contiguous(), wt.contiguous(), b, out)]
+        row.update(_torch_conv(c, h, w, co, k, stride, pad, host))
+        if "torch_ms" in row:
+            row.update(torch_tflops=flop / row["torch_ms"] * 1e-9, speedup=row["torch_ms"] / ms)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del x, wt, b, out
+    return rows
+
+
+def conv_table(rows):
+    print("\n| conv2d (bf16, channels-last, batch 32) | Stax ms (TFLOP/s) | torch.compile ms (TFLOP/s) | torch/Stax | rel. err |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} {r['shape']} | {r['stax_ms']:.3f} ({r['stax_tflops']:.0f}) | "
+              f"{r.get('torch_ms', float('nan')):.3f} ({r.get('torch_tflops', float('nan')):.0f}) | "
+              f"{r.get('speedup', float('nan')):.2f} | {r.get('rel_err_vs_torch', float('nan')):.1e} |")
 
 
 def host_overhead():
@@ -672,6 +741,14 @@ def dynamic_vs_static(names, json_path=None):
 
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
+    conv_names = [a for a in argv if a in CONVS] or (list(CONVS) if "conv" in argv else [])
+    if conv_names:                   # `python bench/gpu.py conv [--json FILE]`: the convolutions only
+        rows = convs(conv_names)
+        conv_table(rows)
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"convs": rows}, fh, indent=1)
+        return
     if "launchbound" in argv:           # §9.9 only (issue 13)
         rows = launch_bound()
         if json_path:
@@ -728,6 +805,7 @@ def main(argv):
         del args, out, outs
     rows += indexing(idx_names, bw)
     mm_rows = matmuls(mm_names)
+    conv_rows = convs([] if selected(argv) else list(CONVS))
     per_call, per_launch, per_driver = host_overhead()
     cold, warm = compile_times()
     print()
@@ -757,12 +835,13 @@ def main(argv):
               f"{r['stax_tflops']:.0f} | {r.get('torch_default_tflops', nan):.0f} | "
               f"{r.get('torch_max-autotune_tflops', nan):.0f} | {r.get('speedup', nan):.2f} | "
               f"{r.get('speedup_max_autotune', nan):.2f} | {', '.join(r['kernels'])} |")
+    conv_table(conv_rows)
     print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}; "
           f"the driver call under it: {per_driver:.1f}")
     print(f"cold compile of a one-kernel function: {cold:.2f} s; warm on-disk cache: {warm:.3f} s")
     if json_path:
         with open(json_path, "w") as fh:
-            json.dump({"rows": rows, "matmuls": mm_rows, "per_call_us": per_call, "per_launch_us": per_launch, "per_driver_call_us": per_driver,
+            json.dump({"rows": rows, "matmuls": mm_rows, "convs": conv_rows, "per_call_us": per_call, "per_launch_us": per_launch, "per_driver_call_us": per_driver,
                        "cold_s": cold, "warm_s": warm, "bandwidth_GBs": bw / GB}, fh, indent=1)
 
 

@@ -50,6 +50,7 @@ from .indexing import *  # noqa: F401,F403  (gathers, scatters, advanced indexin
 from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
 from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402,F401
                        set_grad_enabled)
+from .conv import conv2d  # noqa: F401  (§9.8 convolution: eager im2col, a GPU template)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
 from . import indexing as _indexing_mod
@@ -944,7 +945,7 @@ _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_
                   "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT", "COMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
                   "inference_mode", "scaled_dot_product_attention", "omni_attention",
-                  "create_block_mask", "BlockMask", "attention_forward", "attention_backward",
+                  "create_block_mask", "BlockMask", "attention_forward", "attention_backward", "conv2d",
                   *_EXPORT_NAMES]
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
 __all__ = sorted((set(sys.modules[__name__ + ".tensor"].__all__) |   # (stax.tensor is the function)

@@ -8,7 +8,7 @@ kernel writer (`triton_kernel`: pointwise kernels and the kernel's text), the re
 
 Consumes a `schedule.Schedule` (the same one the C++ back end prints); produces a `TritonModule`:
 one Python module holding a Triton kernel per fusion group (`triton_poi_fused_N`,
-`triton_per_fused_N`, `triton_red_fused_N`, `triton_tem_fused_mm_N`), each handed to
+`triton_per_fused_N`, `triton_red_fused_N`, `triton_tem_fused_mm_N`, `triton_tem_fused_conv_N`), each handed to
 `async_compile.triton(...)`, and the wrapper `call(args)` of Listing 9.6.
 
 Where to look:
@@ -16,6 +16,7 @@ Where to look:
   - `triton_kernel.py` ................... §9.1–9.3 the printer, tiling, pointwise kernels
   - `triton_reduction.py` ................ §9.4–9.5 reduction kernels (Listings 9.1, 9.4, 9.5)
   - `templates.py` ....................... §9.8 the matmul kernel
+  - `conv_template.py` ................... §9.8 the convolution kernel (implicit GEMM)
   - `_wrapper` ........................... Listing 9.6
   - `generate(schedule)` ................. the entry point; `TritonModule.source` the module's text
 """
@@ -29,6 +30,7 @@ import sympy
 
 from .ir import Scatter
 from .attention_kernels import attention_template, extern_spec, launch_numels
+from .conv_template import conv_applies, conv_template
 from .templates import mm_template, template_applies
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
@@ -181,6 +183,30 @@ def _attention_call(index: int, e, spec, operands, launch) -> list:
     return call
 
 
+def _template_calls(index, g, sched, call, new, allocated, multi, launch) -> int:
+    """The launches of one 'template' group (§9.8): its scratch (split-K partials), its kernels
+    (a multi_kernel when the persistent TMA template competes); returns the next kernel index."""
+    low = sched.lowered
+    launches, scratch = mm_template(index, g, sched)
+    call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
+             for s, (n, d) in scratch.items()]
+    for t in launches:
+        fresh = [p for p in t.params if p not in allocated | new | set(scratch)]
+        call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
+        new |= set(fresh)
+        sources, runner = {t.name: t.source}, t.name
+        if t.alternative is not None:      # Alg. 9.1 measures both at the first launch
+            assert t.alternative.params == t.params, (t.params, t.alternative.params)
+            sources[t.alternative.name] = t.alternative.source
+            runner = f"multi_kernel_{index}"
+            multi[runner] = [t.name, t.alternative.name]
+        launch(call, sources, runner, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
+        index += 1
+    if scratch:
+        call.append(f"del {', '.join(pyname(s) for s in scratch)}")
+    return index
+
+
 def generate(sched) -> TritonModule:
     """Print every fusion group as a Triton kernel (or a template, or a fallback call) + `call`."""
     low = sched.lowered
@@ -196,23 +222,14 @@ def generate(sched) -> TritonModule:
     for g in sched.groups:
         call, new = [], set()
         if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
-            launches, scratch = mm_template(index, g, sched)
-            call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
-                     for s, (n, d) in scratch.items()]
-            for t in launches:
-                fresh = [p for p in t.params if p not in allocated | new | set(scratch)]
-                call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
-                new |= set(fresh)
-                sources, runner = {t.name: t.source}, t.name
-                if t.alternative is not None:      # Alg. 9.1 measures both at the first launch
-                    assert t.alternative.params == t.params, (t.params, t.alternative.params)
-                    sources[t.alternative.name] = t.alternative.source
-                    runner = f"multi_kernel_{index}"
-                    multi[runner] = [t.name, t.alternative.name]
-                launch(call, sources, runner, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
-                index += 1
-            if scratch:
-                call.append(f"del {', '.join(pyname(s) for s in scratch)}")
+            index = _template_calls(index, g, sched, call, new, allocated, multi, launch)
+        elif g.kind == "extern" and conv_applies(g.nodes[0], low):
+            e = g.nodes[0]           # §9.8: a convolution runs as an implicit-GEMM Triton template
+            name, src, operands, numels = conv_template(index, e, low)
+            call.append(_alloc(e.name, e.layout, e.dtype))
+            new.add(e.name)
+            launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
+            index += 1
         elif g.kind == "extern" and extern_spec(g.nodes[0], low)[0] is not None:
             e = g.nodes[0]           # §9.10: attention runs as the flash template
             spec, operands = extern_spec(e, low)

@@ -1,6 +1,6 @@
 """The op table: every primitive op of Stax, declared once.
 
-Layer: the bottom of the stack, next to dtypes.py (it imports only numpy, math and dtypes.py).
+Layer: the bottom of the stack, next to dtypes.py (it imports only numpy, math, dtypes.py and conv_numpy.py).
 Every other layer reads it: tensor.py (which ops are views or factories, the eager numpy
 implementation the choke point runs), tensor_ops.py (each pointwise op's dtype rule), lower.py
 (§6: which ops lower as pointwise math, which as views, which stay fallback kernels), and the
@@ -13,7 +13,7 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, cumsum, sort, nonzero, unique),
+                                               fallbacks (matmul, conv2d, cumsum, sort, nonzero, unique),
                                                index / index_put (gathers and scatters), scatters
   - Philox4x32-10 (dropout's counter-based stream) ... philox_uniform, _philox_rand
   - the eager random state ................... manual_seed (tensor.py re-exports it)
@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from .attention_kernels import sdpa_numpy
+from .conv_numpy import conv2d_numpy
 from .dtypes import float64
 
 # ---- The record ----
@@ -361,6 +362,8 @@ OPS = {d.name: d for d in [
     OpDef("sort", "other", 1, _sort, fallback=True),
     OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
+    # inputs [x, weight] or [x, weight, bias]; on the GPU conv_template.py prints it as a template
+    OpDef("conv2d", "other", 3, conv2d_numpy, cast_inputs=True, fallback=True),
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),
     OpDef("nonzero", "other", 1, lambda x: np.argwhere(x).astype(np.int64), fallback=True),
     OpDef("unique", "other", 1, lambda x: np.unique(x.reshape(-1)), fallback=True),

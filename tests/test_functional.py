@@ -355,11 +355,9 @@ def test_philox_known_answer():
     assert philox_uniform(0, np.array([0], np.uint64))[0] == 0x6627E8D5 / 2 ** 32
 
 
-def test_conv2d_is_a_clear_error():
-    with pytest.raises(NotImplementedError, match="conv2d is not implemented yet"):
-        F.conv2d(stax.randn(1, 1, 3, 3), stax.randn(1, 1, 2, 2))
-    with pytest.raises(AttributeError, match="no 'interpolate'"):
-        F.interpolate
+def test_conv2d_is_stax_conv2d():
+    x, w = stax.randn(1, 2, 5, 5), stax.randn(3, 2, 2, 2)
+    assert np.array_equal(F.conv2d(x, w, padding=1).numpy(), stax.conv2d(x, w, padding=1).numpy())
 
 
 # ---- the Triton back end ----

@@ -624,9 +624,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    raise NotImplementedError("stax.nn.functional.conv2d is not implemented yet (it comes as a kernel "
-                              "template); until then, write the convolution as a matmul over patches "
-                              "gathered with slices and stax.stack")
+    """§9.8 convolution (stax.conv2d): an implicit-GEMM template on the GPU, im2col + BLAS on the CPU."""
+    from ..conv import conv2d as _conv2d
+    return _conv2d(input, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
 def __getattr__(name):
