@@ -744,7 +744,7 @@ def compile(fn=None, *, dynamic: bool | None = False, fullgraph: bool = False, m
 # ---- Discovery: dir(stax) lists the public API; a missing op names what works ----
 
 _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
-                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT",
+                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "optim", "RECOMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
                   "inference_mode"]
 # (`from stax import *` must not shadow the builtins bool, int, float: those aliases are in dir only)
@@ -761,4 +761,7 @@ def __getattr__(name):
     if name == "nn":        # stax.nn (PyTorch's spelling torch.nn.functional), imported on first use
         import importlib
         return importlib.import_module(".nn", __name__)
+    if name == "optim":     # stax.optim (torch.optim's SGD, AdamW), imported on first use
+        import importlib
+        return importlib.import_module(".optim", __name__)
     raise _math_ops_mod.missing_op("module 'stax'", name)
