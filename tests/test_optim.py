@@ -20,7 +20,12 @@ SHAPES = [(7, 5), (13,), (1,), (3, 1, 4)]
 def make_params(dtype, shapes=SHAPES, device="cpu"):
     arrays = [rng.standard_normal(s) for s in shapes]
     params = [stax.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays]
-    return params, [p.detach().numpy().astype(np.float64) for p in params]
+    return params, [host(p) for p in params]
+
+
+def host(t):
+    """A tensor's values as float64 numpy, from any device."""
+    return t.detach().cpu().numpy().astype(np.float64)
 
 
 def set_grads(params, skip=()):
@@ -33,7 +38,7 @@ def set_grads(params, skip=()):
             continue
         g = stax.tensor(rng.standard_normal(tuple(p.shape)) * 0.5, dtype=p.dtype, device=p.device)
         p.grad = g
-        out.append(g.numpy().astype(np.float64))
+        out.append(host(g))
     return out
 
 
@@ -193,10 +198,12 @@ def test_nan_gradient_propagates_like_eager():
 def test_gpu_step_through_triton():
     """The same AdamW step on device='cuda' (Triton's interpreter when there is no GPU)."""
     kw = dict(lr=0.01, amsgrad=True)
-    _, params, ref_p = run_against_reference(stax.optim.AdamW, ref_adamw, stax.float32, kw, steps=2,
-                                             device="cuda")
+    opt, params, ref_p = run_against_reference(stax.optim.AdamW, ref_adamw, stax.float32, kw, steps=2,
+                                               device="cuda")
+    assert all(name.startswith("triton_") for name in opt._fn.last_generated.kernels)
+    assert opt._fn.stats["compiles"] == 1
     for p, r in zip(params, ref_p):
-        np.testing.assert_allclose(p.detach().to("cpu").numpy().astype(np.float64), r, **TOL[stax.float32])
+        np.testing.assert_allclose(host(p), r, **TOL[stax.float32])
 
 
 def test_train_mlp_example_compiled_equals_eager():

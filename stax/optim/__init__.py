@@ -29,7 +29,7 @@ from .. import autograd as _autograd
 from .. import tensor_ops as _t
 from ..tensor import Tensor
 from ..tensor import tensor as _tensor
-from ..tensor import zeros_like as _zeros_like
+from ..math_ops import zeros_like as _zeros_like   # (tensor.zeros_like keeps no device)
 
 __all__ = ["Optimizer", "SGD", "AdamW"]
 
@@ -78,6 +78,13 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     it changes; a 0-d tensor does not promote a float16 parameter)."""
     from ..dtypes import float32
     return _tensor(value, dtype=float32, device=like.device)
+
+
+def _detached(params):
+    """The parameters as detached aliases (same storage): the update writes them in place, and a
+    later call of the compiled step outside `no_grad` (`python -m stax run` re-times it) stays
+    compiled instead of tripping autograd's rule on in-place updates of leaves."""
+    return [p.detach() for p in params]
 
 
 class Optimizer:
@@ -227,7 +234,7 @@ class SGD(Optimizer):
             if new:
                 s["momentum_buffer"] = _zeros_like(p)          # filled with the gradient by the step
         bufs = [s.get("momentum_buffer") for s in states] if g["momentum"] != 0 else []
-        self._fn(batch, [p.grad for p in batch], bufs, fresh, _scalar(-g["lr"], batch[0]),
+        self._fn(_detached(batch), [p.grad for p in batch], bufs, fresh, _scalar(-g["lr"], batch[0]),
                  float(g["momentum"]), float(g["dampening"]), float(g["weight_decay"]),
                  bool(g["nesterov"]), bool(g["maximize"]))
 
@@ -266,6 +273,6 @@ class AdamW(Optimizer):
         step_size = _scalar(-lr / (1 - b1 ** step), batch[0])
         bc2_sqrt = _scalar(math.sqrt(1 - b2 ** step), batch[0])
         maxes = [s["max_exp_avg_sq"] for s in states] if g["amsgrad"] else []
-        self._fn(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+        self._fn(_detached(batch), [p.grad for p in batch], [s["exp_avg"] for s in states],
                  [s["exp_avg_sq"] for s in states], maxes, decay, step_size, bc2_sqrt,
                  float(b1), float(b2), float(g["eps"]), bool(g["maximize"]))
