@@ -121,9 +121,22 @@ def test_step_is_one_artifact_and_does_not_recompile():
             opt.param_groups[0]["lr"] = 0.005        # a scheduler's change: a 0-d tensor input too
     assert opt._fn.stats["compiles"] == 1 and opt._fn.stats["eager_calls"] == 0
     gen = opt._fn.last_generated
-    # one kernel per parameter: each reads its grad and states once and writes them back once
-    assert len(gen.kernels) == len(params)
+    # one kernel per parameter size: each reads its grad and states once and writes them back once
+    assert len(gen.kernels) == len({math.prod(s) for s in SHAPES})
     assert "return ()" in gen.wrapper                     # every write lands in the inputs in place
+
+
+def test_equal_sized_parameters_share_one_kernel():
+    """Horizontal fusion: an MLP's weights (one size) and biases (another) update in two kernels."""
+    params, ref_p = make_params(stax.float32, shapes=[(6, 5), (5,), (5, 6), (5,), (30,)])
+    opt = stax.optim.AdamW(params, lr=0.01)
+    states = [{} for _ in params]
+    for g, i in zip(set_grads(params), range(len(params))):
+        ref_p[i] = ref_adamw(ref_p[i], g, states[i], lr=0.01)
+    opt.step()
+    assert len(opt._fn.last_generated.kernels) == 2
+    for p, r in zip(params, ref_p):
+        np.testing.assert_allclose(host(p), r, **TOL[stax.float32])
 
 
 def test_sgd_momentum_compiles_first_step_and_rest():
@@ -217,3 +230,21 @@ def test_train_mlp_example_compiled_equals_eager():
     eager = train_mlp.train(steps=30, compiled=False, verbose=False)
     np.testing.assert_allclose(compiled, eager, rtol=1e-4, atol=1e-6)
     assert compiled[-1] < 0.5 * compiled[0]
+
+
+def test_non_contiguous_and_broadcast_gradients():
+    """A transposed gradient and an expanded (stride-0) one: those parameters stay unflattened."""
+    params, ref_p = make_params(stax.float32, shapes=[(6, 5), (4, 3), (30,)])
+    gt = rng.standard_normal((5, 6))
+    row = rng.standard_normal((1, 3))
+    params[0].grad = stax.tensor(gt, dtype=stax.float32).t()
+    params[1].grad = stax.tensor(row, dtype=stax.float32).expand(4, 3)
+    params[2].grad = stax.tensor(rng.standard_normal(30), dtype=stax.float32)
+    grads = [gt.T.astype(np.float32).astype(np.float64), np.broadcast_to(row.astype(np.float32), (4, 3)).astype(np.float64),
+             host(params[2].grad)]
+    assert not params[0].grad.is_contiguous()
+    opt = stax.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.05)
+    opt.step()
+    for p, r, g in zip(params, ref_p, grads):
+        np.testing.assert_allclose(host(p), ref_sgd(r, g, {}, lr=0.1, momentum=0.9, weight_decay=0.05),
+                                   **TOL[stax.float32])

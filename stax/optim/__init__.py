@@ -11,8 +11,11 @@ How a step runs (horizontal fusion): the parameters of one param group that have
 batched by (device, dtype, step count), and each batch is ONE call of a `stax.compile`d function
 that takes the lists of parameters, gradients and states and updates them in place under
 `no_grad`. The graph holds every parameter's update; the scheduler fuses each parameter's chain
-(read grad and states once, write parameter and states once) into one kernel, so a step launches
-one kernel per parameter from one artifact. What changes from step to step (the learning rate,
+(read grad and states once, write parameter and states once) into one kernel, and fuses the
+chains of parameters with the same number of elements side by side (`_flat_views` passes
+contiguous tensors as 1-D views, so equal counts mean one iteration space): a step launches one
+kernel per distinct parameter size (2 for an MLP: weights, biases) from one artifact. Sizes that differ stay separate kernels: the scheduler has no concatenating
+("combo") kernel over unequal ranges. What changes from step to step (the learning rate,
 the bias corrections) is passed as 0-d tensors, so the key - and the artifact - stays the same and
 a second step does not recompile; hyper-parameters that stay fixed (betas, eps, momentum) are
 Python floats, specialized into the kernel text.
@@ -80,11 +83,20 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     return _tensor(value, dtype=float32, device=like.device)
 
 
-def _detached(params):
-    """The parameters as detached aliases (same storage): the update writes them in place, and a
-    later call of the compiled step outside `no_grad` (`python -m stax run` re-times it) stays
-    compiled instead of tripping autograd's rule on in-place updates of leaves."""
-    return [p.detach() for p in params]
+def _flat_views(*lists):
+    """The step's tensors (parameters, gradients, states: lists by role) as detached aliases of the
+    same storage, flattened to 1-D where all of one parameter's tensors are contiguous: parameters
+    of one element count (weights (6, 5) and (5, 6)) then share an iteration space and their
+    updates fuse into one kernel. Detached, so a later call of the compiled step outside `no_grad`
+    (`python -m stax run` re-times it) stays compiled instead of tripping autograd's rule on
+    in-place updates of leaves."""
+    out = [list(ts) for ts in lists]
+    for i in range(len(out[0])):
+        flat = all(ts[i].is_contiguous() for ts in out if ts)
+        for ts in out:
+            if ts:
+                ts[i] = ts[i].detach().reshape(-1) if flat else ts[i].detach()
+    return out
 
 
 class Optimizer:
@@ -234,7 +246,7 @@ class SGD(Optimizer):
             if new:
                 s["momentum_buffer"] = _zeros_like(p)          # filled with the gradient by the step
         bufs = [s.get("momentum_buffer") for s in states] if g["momentum"] != 0 else []
-        self._fn(_detached(batch), [p.grad for p in batch], bufs, fresh, _scalar(-g["lr"], batch[0]),
+        self._fn(*_flat_views(batch, [p.grad for p in batch], bufs), fresh, _scalar(-g["lr"], batch[0]),
                  float(g["momentum"]), float(g["dampening"]), float(g["weight_decay"]),
                  bool(g["nesterov"]), bool(g["maximize"]))
 
@@ -273,6 +285,6 @@ class AdamW(Optimizer):
         step_size = _scalar(-lr / (1 - b1 ** step), batch[0])
         bc2_sqrt = _scalar(math.sqrt(1 - b2 ** step), batch[0])
         maxes = [s["max_exp_avg_sq"] for s in states] if g["amsgrad"] else []
-        self._fn(_detached(batch), [p.grad for p in batch], [s["exp_avg"] for s in states],
-                 [s["exp_avg_sq"] for s in states], maxes, decay, step_size, bc2_sqrt,
+        self._fn(*_flat_views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+                              [s["exp_avg_sq"] for s in states], maxes), decay, step_size, bc2_sqrt,
                  float(b1), float(b2), float(g["eps"]), bool(g["maximize"]))
