@@ -248,3 +248,22 @@ def test_non_contiguous_and_broadcast_gradients():
     for p, r, g in zip(params, ref_p, grads):
         np.testing.assert_allclose(host(p), ref_sgd(r, g, {}, lr=0.1, momentum=0.9, weight_decay=0.05),
                                    **TOL[stax.float32])
+
+
+def test_closure_and_mismatched_gradient():
+    w = stax.tensor(rng.standard_normal(5), dtype=stax.float32, requires_grad=True)
+    x = rng.standard_normal(5)
+    opt = stax.optim.SGD([w], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * stax.tensor(x, dtype=stax.float32)).sum()
+        loss.backward()
+        return loss
+    before = host(w)
+    loss = opt.step(closure)
+    np.testing.assert_allclose(float(loss.item()), (before * x).sum(), rtol=1e-5)
+    np.testing.assert_allclose(host(w), before - 0.1 * x.astype(np.float32), rtol=1e-5, atol=1e-6)
+    w.grad = stax.tensor(rng.standard_normal(5), dtype=stax.float64)
+    with pytest.raises(ValueError, match="must match its parameter"):
+        opt.step()

@@ -155,9 +155,10 @@ class Optimizer:
         for p in group["params"]:
             if p.grad is None:                     # PyTorch skips it: no update, no state
                 continue
-            if p.grad.shape != p.shape:
-                raise ValueError(f"a gradient of shape {tuple(p.grad.shape)} is set on a parameter of "
-                                 f"shape {tuple(p.shape)}")
+            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device != p.device:
+                raise ValueError(f"{type(self).__name__}.step: a gradient {p.grad.dtype.name}{list(p.grad.shape)} "
+                                 f"on {p.grad.device} is set on a parameter {p.dtype.name}{list(p.shape)} on "
+                                 f"{p.device}; a gradient must match its parameter's shape, dtype and device")
             st = self.state.setdefault(id(p), {})
             key = (str(p.device), p.dtype.name, st.get("step", 0))
             batches.setdefault(key, []).append(p)
