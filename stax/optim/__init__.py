@@ -14,8 +14,9 @@ that takes the lists of parameters, gradients and states and updates them in pla
 (read grad and states once, write parameter and states once) into one kernel, and fuses the
 chains of parameters with the same number of elements side by side (`_flat_views` passes
 contiguous tensors as 1-D views, so equal counts mean one iteration space): a step launches one
-kernel per distinct parameter size (2 for an MLP of one width: weights, biases) from one artifact. Sizes that differ stay separate kernels: the scheduler has no concatenating
-("combo") kernel over unequal ranges. What changes from step to step (the learning rate,
+kernel per distinct parameter size (2 for an MLP of one width: weights, biases) from one
+artifact. Sizes that differ stay separate kernels: the scheduler has no concatenating ("combo")
+kernel over unequal ranges. What changes from step to step (the learning rate,
 the bias corrections) is passed as 0-d tensors, so the key - and the artifact - stays the same and
 a second step does not recompile; hyper-parameters that stay fixed (betas, eps, momentum) are
 Python floats, specialized into the kernel text.
