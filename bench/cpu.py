@@ -33,6 +33,9 @@ tiny input: the guard function alone, and what a dynamic call adds to the static
 guard, size bindings; target <= 10 us).
 
     python bench/cpu.py --dynamic [--only softmax,ex1_1] [--runs 40]
+adamw_mlp4 (issue 16) is one optimizer step, not a function: Stax's column is stax.optim.AdamW's
+compiled step, torch's column torch.optim.AdamW(foreach=True, fused=False) run eagerly (its
+default multi-tensor step); both update 4 x (1024x1024 + 1024) float32 parameters in place.
 
 torch is never a dependency of Stax: only this script uses it (from --torch-python).
 """
@@ -227,6 +230,7 @@ def workloads():
             shape=f"table {EMB_ROWS}x{EMB_DIM} += {N_IDX} rows", inputs=table_and_indices((N_IDX, EMB_DIM)),
             bytes=N_IDX * 8 + 3 * N_IDX * EMB_DIM * 4, mutates=True,
             stax=index_add, numpy=np_index_add, torch=index_add),
+        **optimizer_workloads(),
         "biasgrad": dict(
             shape="g 64x128x1024, g.reshape(-1, 1024).sum(0)", inputs=rand((64, 128, 1024)), out=1024 * 4,
             stax=lambda S: (lambda g: g.reshape(-1, 1024).sum(0)), numpy=lambda g: g.reshape(-1, 1024).sum(0),
@@ -235,6 +239,58 @@ def workloads():
 
 
 EMB_ROWS, EMB_DIM, N_IDX = 262144, 512, 65536      # the GPU's table is 1M x 1024 (bench/gpu.py)
+# ---- An optimizer step (issue 16): one AdamW step over a 4-layer MLP's parameters ----
+
+MLP_WIDTH, MLP_LAYERS = 1024, 4
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+
+
+def _mlp_params_and_grads():
+    """4 weights (1024x1024) and 4 biases (1024), then as many gradients (seeded float32)."""
+    rng = np.random.default_rng(0)
+    shapes = [(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * MLP_LAYERS
+    return [rng.standard_normal(s, dtype=np.float32) for s in shapes] + \
+        [rng.standard_normal(s, dtype=np.float32) * np.float32(0.01) for s in shapes]
+
+
+def _np_adamw_first_step(*arrays):
+    """torch.optim.AdamW's first step from zero state (the reference for the error column)."""
+    n = len(arrays) // 2
+    lr, (b1, b2), eps, wd = ADAMW["lr"], ADAMW["betas"], ADAMW["eps"], ADAMW["weight_decay"]
+    out = []
+    for p, g in zip(arrays[:n], arrays[n:]):
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        out.append(p * (1 - lr * wd) - lr / (1 - b1) * m / (np.sqrt(v) / math.sqrt(1 - b2) + eps))
+    return tuple(out)
+
+
+def _stax_adamw_step(S, args):
+    """(the optimizer, the parameters it updates): stax.optim.AdamW, whose step is compiled."""
+    n = len(args) // 2
+    params = [a.detach().requires_grad_() for a in args[:n]]
+    for p, g in zip(params, args[n:]):
+        p.grad = g
+    opt = S.optim.AdamW(params, **ADAMW)
+    return opt, params
+
+
+def _torch_adamw_step(T, args):
+    """torch.optim.AdamW(foreach=True) (its default multi-tensor path; fused=False)."""
+    n = len(args) // 2
+    params = [a.clone().requires_grad_() for a in args[:n]]
+    for p, g in zip(params, args[n:]):
+        p.grad = g
+    opt = T.optim.AdamW(params, foreach=True, fused=False, **ADAMW)
+    return opt.step, params
+
+
+def optimizer_workloads():
+    """Workloads whose `stax`/`torch` build (step, params) from the inputs instead of a function."""
+    return {"adamw_mlp4": dict(
+        shape=f"{MLP_LAYERS} x ({MLP_WIDTH}^2 + {MLP_WIDTH}) params, grads; one step",
+        inputs=_mlp_params_and_grads, optimizer=True,
+        out=5 * MLP_LAYERS * (MLP_WIDTH ** 2 + MLP_WIDTH) * 4,   # m, v read; p, m, v written
+        stax=_stax_adamw_step, numpy=_np_adamw_first_step, torch=_torch_adamw_step)}
 
 
 def _out_bytes(name, inputs):
@@ -292,6 +348,8 @@ def worker_stax(name, runs, threads):
     w = workloads()[name]
     arrays = w["inputs"]()
     args = [stax.from_numpy(x) for x in arrays]
+    if w.get("optimizer"):
+        return _worker_stax_optimizer(stax, w, arrays, args, runs)
     f = stax.compile(w["stax"](stax))
     if w.get("mutates"):            # updates its first input: compare that after one call
         want = arrays[0].copy()
@@ -309,12 +367,30 @@ def worker_stax(name, runs, threads):
             "memory_stats": getattr(stax, "memory_stats", dict)()}   # (absent before memory.py)
 
 
+def _worker_stax_optimizer(stax, w, arrays, args, runs):
+    wants = w["numpy"](*arrays)             # before the step: from_numpy shares the arrays' memory
+    opt, params = w["stax"](stax, args)
+    step = opt.step
+    step()                                  # the first step: compiles; checked against numpy
+    err = max(float(np.max(np.abs(p.detach().numpy() - want) / (1e-3 + np.abs(want))))
+              for p, want in zip(params, wants))
+    ts = call_times(step, (), runs)
+    f = opt._fn
+    return {"times": ts, "cold_s": f.stats["compile_seconds"], "max_rel_err": err,
+            "kernels": len(f.last_generated.kernels), "compiles": f.stats["compiles"],
+            "memory_stats": stax.memory_stats()}
+
+
 def worker_torch(name, runs, threads):
     import torch
     torch.set_num_threads(threads)
     w = workloads()[name]
     args = [torch.from_numpy(a) for a in w["inputs"]()]
-    fn = torch.compile(w["torch"](torch))
+    if w.get("optimizer"):                  # torch.optim's own step (eager, foreach), not compiled
+        fn, _ = w["torch"](torch, args)
+        args = ()
+    else:
+        fn = torch.compile(w["torch"](torch))
     t0 = time.perf_counter()
     fn(*args)
     first = time.perf_counter() - t0

@@ -6,9 +6,9 @@ or `indexing` (issue 11: the embedding gather and index_add_ on a 1M x 1024 tabl
 `python bench/gpu.py launchbound` runs only §9.9's launch-bound section (issue 13): an MLP block and
 a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
 `python bench/gpu.py attention` runs only §9.10's attention rows (issue 15) against torch's SDPA and
-FlexAttention.
-is a name, a family (`colsum`) or the group `reductions` (issue 12's reductions in every layout);
-`python bench/gpu.py conv` runs only the conv2d workloads (CONVS: ResNet-50 layers, bf16, channels-last).
+FlexAttention; `python bench/gpu.py conv` only the conv2d workloads (CONVS: ResNet-50 layers, bf16,
+channels-last); `python bench/gpu.py adamw` only issue 16's optimizer step: stax.optim.AdamW's compiled
+step over a 4-layer width-1024 MLP's parameters against torch.optim.AdamW (foreach=True and fused=True).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -683,6 +683,47 @@ def attention_benchmarks() -> list:
     return rows
 
 
+# ---- issue 16: one AdamW step over a 4-layer MLP's parameters (width 1024) ----
+
+
+def _np_adamw_first_step(p, g, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=1e-2):
+    """torch.optim.AdamW's first step from zero state, in float64."""
+    p, g = p.astype(np.float64), g.astype(np.float64)
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    return p * (1 - lr * wd) - lr / (1 - b1) * m / (np.sqrt(v) / math.sqrt(1 - b2) + eps)
+
+
+def adamw_step(width=1024, layers=4) -> dict:
+    """stax.optim.AdamW's compiled step against torch.optim.AdamW (foreach=True, and fused=True)."""
+    rng = np.random.default_rng(0)
+    shapes = [(width, width), (width,)] * layers
+    ps = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+    gs = [rng.standard_normal(s, dtype=np.float32) * np.float32(0.01) for s in shapes]
+    params = [stax.tensor(a, device="cuda", requires_grad=True) for a in ps]
+    for p, g in zip(params, gs):
+        p.grad = stax.tensor(g, device="cuda")
+    opt = stax.optim.AdamW(params, lr=1e-3)
+    opt.step()
+    cuda.synchronize()
+    err = max(float(np.max(np.abs(p.detach().cpu().numpy() - _np_adamw_first_step(a, g)))) for p, a, g in zip(params, ps, gs))
+    row = {"workload": f"adamw_mlp{layers} step", "stax_ms": time_calls(opt.step, ()), "max_abs_err": err,
+           "kernels": list(opt._fn.last_generated.kernels), "compiles": opt._fn.stats["compiles"]}
+    nbytes = 7 * sum(a.nbytes for a in ps)          # p, g, m, v read; p, m, v written
+    row["floor_ms"] = nbytes / copy_bandwidth() * 1e3
+    try:
+        import torch
+        import triton.testing
+    except Exception:
+        return row
+    for how in ("foreach", "fused"):
+        tp = [torch.tensor(a, device="cuda", requires_grad=True) for a in ps]
+        for p, g in zip(tp, gs):
+            p.grad = torch.tensor(g, device="cuda")
+        topt = torch.optim.AdamW(tp, lr=1e-3, **{how: True})
+        row[f"torch_{how}_ms"] = triton.testing.do_bench(topt.step, return_mode="median")
+    return row
+
+
 def selected(argv) -> list:
     """Workloads named on the command line: a name (`softmax`, `colsum:small`), a family that is no
     name itself (`colsum`: both column sums) or a group (`reductions`), in WORKLOADS' order."""
@@ -748,6 +789,13 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"convs": rows}, fh, indent=1)
+        return
+    if "adamw" in argv:                 # issue 16's optimizer step only
+        row = adamw_step()
+        print(json.dumps(row))
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"adamw": row}, fh, indent=1)
         return
     if "launchbound" in argv:           # §9.9 only (issue 13)
         rows = launch_bound()

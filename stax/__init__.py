@@ -942,7 +942,8 @@ def compile(fn=None, *, dynamic: bool | None = None, fullgraph: bool = False, mo
 # §10.2 export (stax/export.py) is loaded on first use: it needs sympy, which `import stax` avoids
 _EXPORT_NAMES = ("export", "Dim", "make_graph", "ExportedProgram", "ConstraintViolation")
 _PUBLIC_EXTRAS = ["compile", "generate", "Generated", "CompiledFunction", "mark_dynamic", "mark_static",
-                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "RECOMPILE_LIMIT", "COMPILE_LIMIT",
+                  "empty_cache", "memory_stats", "reset_peak_memory_stats", "nn", "optim", "RECOMPILE_LIMIT",
+                  "COMPILE_LIMIT",
                   "explain", "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
                   "inference_mode", "scaled_dot_product_attention", "omni_attention",
                   "create_block_mask", "BlockMask", "attention_forward", "attention_backward", "conv2d",
@@ -961,6 +962,8 @@ def __getattr__(name):
     import importlib
     if name == "nn":        # stax.nn (PyTorch's spelling torch.nn.functional), imported on first use
         return importlib.import_module(".nn", __name__)
+    if name == "optim":     # stax.optim (torch.optim's SGD, AdamW), imported on first use
+        return importlib.import_module(".optim", __name__)
     if name in _EXPORT_NAMES:           # (not `from . import export`: that asks this hook for it)
         module = importlib.import_module(".export", __package__)   # binds stax.export to the module: rebind
         globals().update({n: getattr(module, n) for n in _EXPORT_NAMES})
