@@ -60,10 +60,7 @@ import time
 import types
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from . import remote_cache
 
 __all__ = [
     "cache_dir", "folder", "atomic_write", "content_hash", "clear_cache", "write_sealed", "read_sealed",
@@ -313,13 +310,13 @@ def discard(path, why: str) -> None:
 
 # ---- §11.1 The second level (remote_cache.py) and the counters `cache stats` shows ----
 
-@dataclass
 class LocalStats:
-    """This process's first-level reads: entries found (and their bytes) and entries missing."""
-    hits: int = 0
-    misses: int = 0
-    bytes_read: int = 0
-    by_kind: dict = field(default_factory=dict)    # "artifacts" -> {"hits": n, "misses": n}
+    """This process's first-level reads: entries found (and their bytes) and entries missing.
+    (A plain class: tests load this module alone, where a dataclass cannot find its module.)"""
+
+    def __init__(self):
+        self.hits, self.misses, self.bytes_read = 0, 0, 0
+        self.by_kind: dict = {}                    # "artifacts" -> {"hits": n, "misses": n}
 
     def count(self, kind: str, what: str, nbytes: int = 0) -> None:
         setattr(self, what, getattr(self, what) + 1)
@@ -343,6 +340,7 @@ def _remote_name(path: Path) -> str | None:
 
 def _remote_for(path: Path):
     """(store, name) when a remote level is configured and `path` is a cache entry, else None."""
+    from . import remote_cache       # lazy: `cache.py` alone stays importable (and light)
     store = remote_cache.remote()
     name = _remote_name(path) if store is not None else None
     return None if name is None else (store, name)
@@ -379,7 +377,8 @@ def _save_stats_at_exit() -> None:
 def _save_stats() -> None:
     """Add this process's counters to ``<cache>/stats/counters.json`` (under a lock: many
     processes end at once). Never raises: statistics must not fail a run."""
-    mine = {"local": dataclasses.asdict(LOCAL), "remote": dataclasses.asdict(remote_cache.STATS)}
+    from . import remote_cache
+    mine = {"local": dict(vars(LOCAL)), "remote": dataclasses.asdict(remote_cache.STATS)}
     try:
         path = folder("stats") / "counters.json"
         _make_folder(path.parent)
@@ -847,7 +846,7 @@ def _local_miss(so: Path) -> bool:
 def _library_from_remote(so: Path, source: str) -> bool:
     """A local miss of ``<key>.so``: take it from the remote level if trusted and whole (the
     sha256 it carries checks out); its source is kept beside it as for a local compile."""
-    if remote_cache.remote() is None or not trust_remote_native():
+    if _remote_for(so) is None or not trust_remote_native():
         return False
     data = _fetch_remote(so)
     if data is None:
