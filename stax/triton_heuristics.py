@@ -229,7 +229,10 @@ def _interpreter_asserts():
     from triton.runtime import interpreter
     b = interpreter.interpreter_builder
     if not b.options.debug:
-        b.options = dataclasses.replace(b.options, debug=True)
+        # debug also turns on the overflow sanitizer, but int8/int16 arithmetic must wrap as eager
+        fields = {f.name for f in dataclasses.fields(b.options)}
+        extra = {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
+        b.options = dataclasses.replace(b.options, debug=True, **extra)
 
 
 def _fix_interpreter_bf16():
