@@ -298,6 +298,19 @@ class CppPrinter(Printer):
 # ---- §8 A kernel being printed: its buffers, loops and indices ----
 
 
+
+def _to_storage(v: str, dtype, computed) -> str:
+    """A computed value `v` (of dtype `computed`) spelled in the storage form of `dtype`: half
+    types round through the prelude's converters, other dtypes cast when they differ."""
+    if dtype == float16:
+        return f"stax_f32_to_f16({v})"
+    if dtype == bfloat16:
+        return f"stax_f32_to_bf16({v})"
+    if compute_dtype(dtype) != computed:
+        return f"static_cast<{ctype(dtype)}>({v})"
+    return v
+
+
 class CppKernel:
     """The state of one kernel while it prints: buffers read and written (renamed to in_ptrN /
     out_ptrN by `finish`), values computed earlier in the loop body (`locals`), merged loops."""
@@ -359,14 +372,7 @@ class CppKernel:
             return self.scatter_store(node, value)
         index = self.index(store_index(node, xvars, rvars))
         ptr = self.arg(self.target.get(node.name, node.name))
-        v = str(value)
-        if node.dtype == float16:
-            v = f"stax_f32_to_f16({v})"
-        elif node.dtype == bfloat16:
-            v = f"stax_f32_to_bf16({v})"
-        elif compute_dtype(node.dtype) != value.dtype:
-            v = f"static_cast<{ctype(node.dtype)}>({v})"
-        return f"{ptr}[{index}] = {v};"
+        return f"{ptr}[{index}] = {_to_storage(str(value), node.dtype, value.dtype)};"
 
     def scatter_store(self, node, value) -> str:
         """target[loaded index] = value, or += (index_add, scatter_add, accumulate=True): the
@@ -378,13 +384,7 @@ class CppKernel:
         if node.mode == "atomic_add":
             old = {float16: f"stax_f16_to_f32({dest})", bfloat16: f"stax_bf16_to_f32({dest})"}.get(node.dtype, dest)
             v = f"{old} + {v}"
-        if node.dtype == float16:
-            v = f"stax_f32_to_f16({v})"
-        elif node.dtype == bfloat16:
-            v = f"stax_f32_to_bf16({v})"
-        elif compute_dtype(node.dtype) != value.dtype:
-            v = f"static_cast<{ctype(node.dtype)}>({v})"
-        return f"{dest} = {v};"
+        return f"{dest} = {_to_storage(v, node.dtype, value.dtype)};"
 
     def finish(self, loops: list) -> tuple:
         """Rename buffers to in_ptrN/out_ptrN/in_out_ptrN; return (source, cdef, param buffers)."""

@@ -38,7 +38,7 @@ import math
 import sympy
 
 from .autotune import next_pow2
-from .templates import INT32_LIMIT, TEMPLATE_DTYPES
+from .templates import GROUPED_PIDS, INT32_LIMIT, TEMPLATE_DTYPES
 
 _PTR = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 
@@ -49,14 +49,7 @@ M = {M}
 N = {N}
 K = {K}
 # Prop. 9.4: programs numbered in groups of GROUP_M row blocks (rows: output pixels)
-pid = tl.program_id(0)
-grid_m = (M + BLOCK_M - 1) // BLOCK_M
-grid_n = (N + BLOCK_N - 1) // BLOCK_N
-width = GROUP_M * grid_n
-group_id = pid // width
-group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
-pid_m = group_id * GROUP_M + (pid % group_size)
-pid_n = (pid % width) // group_size
+""" + GROUPED_PIDS + """\
 g = tl.program_id(1){to64}
 rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}
 rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){to64}

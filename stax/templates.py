@@ -155,12 +155,8 @@ def finish_template(k: TemplateKernel, name: str, body: list, signature: dict, c
 
 # ---- The kernel text ----
 
-_MM_BODY = """\
-M = {M}
-N = {N}
-K = {K}
-# Prop. 9.4: programs numbered in groups of GROUP_M row blocks, so that the programs running at
-# one time share the row blocks of A and the column blocks of B in L2
+# Prop. 9.4's numbering of the programs (pid -> pid_m, pid_n), shared with conv_template's kernel
+GROUPED_PIDS = """\
 pid = tl.program_id(0)
 grid_m = (M + BLOCK_M - 1) // BLOCK_M
 grid_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -169,6 +165,15 @@ group_id = pid // width
 group_size = min(grid_m - group_id * GROUP_M, GROUP_M)
 pid_m = group_id * GROUP_M + (pid % group_size)
 pid_n = (pid % width) // group_size
+"""
+
+_MM_BODY = """\
+M = {M}
+N = {N}
+K = {K}
+# Prop. 9.4: programs numbered in groups of GROUP_M row blocks, so that the programs running at
+# one time share the row blocks of A and the column blocks of B in L2
+""" + GROUPED_PIDS + """\
 bid = tl.program_id(1){to64}
 rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}
 rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){to64}
