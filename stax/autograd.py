@@ -32,7 +32,8 @@ from . import tensor_ops as T
 from .op_table import DERIVATIVES
 from .indexing import _result_shape
 from .shape_ops import flip as _flip
-from .tensor import Tensor, _meta, _op, ones_like, zeros_like
+from .math_ops import ones_like, zeros_like     # (they keep the device: a CUDA backward stays on it)
+from .tensor import Tensor, _meta, _op
 
 __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
            "GradNode"]

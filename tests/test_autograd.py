@@ -239,3 +239,15 @@ def test_gathers_and_scatters():
     gradcheck(lambda t: stax.gather(t, 1, stax.tensor([[0, 2], [1, 1], [2, 0]])), leaf((3, 4)))
     gradcheck(lambda t, v: t.index_add(0, stax.tensor([1, 3, 1]), v), leaf((5, 2)), leaf((3, 2)))
     gradcheck(lambda t, v: t.index_put((stax.tensor([0, 3]),), v), leaf((4, 2)), leaf((2, 2)))
+
+
+def test_gradients_stay_on_the_inputs_device():
+    """Through Triton's interpreter in CI: a slice's and a gather's backward build their zeros on
+    the input's device."""
+    x = stax.randn(4, 3, device="cuda", requires_grad=True)
+    (x[1:, ::2].sum() + x[stax.tensor([0, 2], device="cuda")].sum()).backward()
+    assert x.grad.device == x.device
+    expect = np.zeros((4, 3))
+    expect[1:, ::2] += 1
+    expect[[0, 2]] += 1
+    np.testing.assert_allclose(x.grad.cpu().numpy(), expect)
