@@ -27,6 +27,7 @@ with `compiled=False`, eagerly), `Optimizer._batches` (the horizontal batching),
 """
 from __future__ import annotations
 
+import builtins
 import math
 
 from .. import autograd as _autograd
@@ -96,8 +97,14 @@ def _flat_views(*lists):
         flat = all(ts[i].is_contiguous() for ts in out if ts)
         for ts in out:
             if ts:
-                ts[i] = ts[i].detach().reshape(-1) if flat else ts[i].detach()
+                ts[i] = _flat(ts[i].detach()) if flat else ts[i].detach()
     return out
+
+
+def _flat(t: Tensor) -> Tensor:
+    """`t.reshape(-1)` of a contiguous tensor, without the general reshape's stride search."""
+    n = t.numel()
+    return t if t.ndim == 1 else _t._view(t, "reshape", {"shape": (n,)}, (n,), (1,), t._meta.offset)
 
 
 class Optimizer:
@@ -107,6 +114,7 @@ class Optimizer:
 
     def __init__(self, params, defaults: dict, compiled: bool = True):
         self.defaults, self.param_groups, self.state = dict(defaults), [], {}
+        self._view_cache: dict = {}     # see _views
         self.compiled = compiled
         if compiled:
             from .. import compile as _compile      # lazy: stax/__init__ sits below this module
@@ -164,6 +172,26 @@ class Optimizer:
             key = (str(p.device), p.dtype.name, st.get("step", 0))
             batches.setdefault(key, []).append(p)
         return batches.values()
+
+    def _views(self, params, grads, *states):
+        """`_flat_views` of the step's tensors. The views of the parameters and their states are kept
+        while the same tensor objects come back (rebuilding them was most of a step's host time); the
+        gradients' are rebuilt each step, since backward makes new ones and a kept view would keep
+        a freed gradient's memory alive. The cache holds the tensors it was built from, so their ids
+        stay unique while it lives; one entry per batch."""
+        kept = [params, *states]
+        tensors = [t for ts in kept for t in ts]
+        key = (id(params[0]), len(tensors))
+        cached = self._view_cache.get(key)
+        if cached is None or not builtins.all(a is b for a, b in zip(cached[0], tensors)):
+            views = _flat_views(*kept)
+            flat = [v.ndim == 1 and t.ndim != 1 or t.ndim == 1 for v, t in zip(views[0], params)]
+            cached = self._view_cache[key] = (tensors, views, flat)
+        _, views, flat = cached
+        if not builtins.all(g.is_contiguous() for g, f in zip(grads, flat) if f):
+            return _flat_views(params, grads, *states)      # a gradient laid out unlike its parameter
+        grad_views = [_flat(g.detach()) if f else g.detach() for g, f in zip(grads, flat)]
+        return [views[0], grad_views, *views[1:]]
 
     def step(self, closure=None):
         """One update of every parameter that has a gradient; returns closure()'s loss if given."""
@@ -248,7 +276,7 @@ class SGD(Optimizer):
             if new:
                 s["momentum_buffer"] = _zeros_like(p)          # filled with the gradient by the step
         bufs = [s.get("momentum_buffer") for s in states] if g["momentum"] != 0 else []
-        self._fn(*_flat_views(batch, [p.grad for p in batch], bufs), fresh, _scalar(-g["lr"], batch[0]),
+        self._fn(*self._views(batch, [p.grad for p in batch], bufs), fresh, _scalar(-g["lr"], batch[0]),
                  float(g["momentum"]), float(g["dampening"]), float(g["weight_decay"]),
                  bool(g["nesterov"]), bool(g["maximize"]))
 
@@ -287,6 +315,6 @@ class AdamW(Optimizer):
         step_size = _scalar(-lr / (1 - b1 ** step), batch[0])
         bc2_sqrt = _scalar(math.sqrt(1 - b2 ** step), batch[0])
         maxes = [s["max_exp_avg_sq"] for s in states] if g["amsgrad"] else []
-        self._fn(*_flat_views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+        self._fn(*self._views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
                               [s["exp_avg_sq"] for s in states], maxes), decay, step_size, bc2_sqrt,
                  float(b1), float(b2), float(g["eps"]), bool(g["maximize"]))
