@@ -1,6 +1,6 @@
 """The shape of the code itself (docs/DESIGN.md, "Layers"): checks that keep Stax readable.
 
-- every import among `stax/` modules, lazy ones inside functions included, points down: the
+- every import among `stax/` modules (subpackages `stax/nn`, `stax/optim` included), lazy ones inside functions included, points down: the
   import graph has no cycle;
 - no module passes 800 lines of code (blank lines, comments and docstrings not counted);
 - no class name is defined twice (one name, one meaning);
@@ -23,47 +23,82 @@ MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS: dict[str, str] = {}
 
 
+def _module_name(p: Path) -> str:
+    """`tensor`, `nn.functional`; a package's `__init__.py` is the package (`nn`), the root's is `__init__`."""
+    parts = list(p.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
 def _modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), filename=str(p)) for p in sorted(PACKAGE.glob("*.py"))}
+    return {_module_name(p): ast.parse(p.read_text(), filename=str(p)) for p in _files()}
 
 
-def _imported(node, here: str, names: set) -> set:
+def _package_of(here: str, is_package: bool) -> list[str]:
+    """The package a module's relative imports start from: `nn.functional` -> [nn], `nn` -> [nn]."""
+    if here == "__init__":
+        return []
+    parts = here.split(".")
+    return parts if is_package else parts[:-1]
+
+
+def _target(parts: list[str], names: set) -> str:
+    """The module a dotted path inside stax names: the longest prefix that is a module."""
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in names:
+            return ".".join(parts[:k])
+    return "__init__"
+
+
+def _imported(node, here: str, names: set, is_package: bool = False) -> set:
     """The stax modules one import statement (or importlib.import_module call) reaches."""
     found = set()
+    base = _package_of(here, is_package)
     if isinstance(node, ast.ImportFrom):
         if node.level == 0 and node.module and (node.module == "stax" or node.module.startswith("stax.")):
             parts = node.module.split(".")[1:]
-        elif node.level == 1:
-            parts = node.module.split(".") if node.module else []
+        elif node.level >= 1:
+            up = base[:len(base) - (node.level - 1)] if node.level - 1 <= len(base) else []
+            parts = up + (node.module.split(".") if node.module else [])
         else:
             return found
-        if parts:
-            found.add(parts[0])
-        else:                                  # `from . import a, b` / `from stax import a`
-            for alias in node.names:
-                found.add(alias.name if alias.name in names else "__init__")
+        for alias in node.names:              # `from . import a` / `from stax.nn import functional`
+            sub = ".".join(parts + [alias.name])
+            found.add(sub if sub in names else _target(parts, names))
     elif isinstance(node, ast.Import):
         for alias in node.names:
             parts = alias.name.split(".")
             if parts[0] == "stax":
-                found.add(parts[1] if len(parts) > 1 else "__init__")
+                found.add(_target(parts[1:], names))
     elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
           and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
         name = node.args[0].value
-        found.add(name.lstrip(".").split(".")[0] if name.startswith(".") else
-                  (name.split(".")[1] if name.startswith("stax.") else "__init__" if name == "stax" else ""))
+        if name.startswith("."):
+            found.add(_target(base + name.lstrip(".").split("."), names))
+        elif name == "stax" or name.startswith("stax."):
+            found.add(_target(name.split(".")[1:], names))
     return {m for m in found if m in names and m != here}
 
 
 def import_graph() -> dict[str, set]:
-    mods = _modules()
-    names = set(mods)
+    names = {_module_name(p) for p in _files()}
     graph = {}
-    for name, tree in mods.items():
+    for p in _files():
+        name, tree = _module_name(p), ast.parse(p.read_text(), filename=str(p))
+        # the root's lazy re-export of the subpackages above it (`stax.nn`, `stax.optim` on first
+        # use, in its `__getattr__`) is a name for users, not a dependency of the root's own code
+        skip = {id(n) for f in tree.body if name == "__init__" and isinstance(f, ast.FunctionDef)
+                and f.name == "__getattr__" for n in ast.walk(f)}
         edges = set()
         for node in ast.walk(tree):
-            edges |= _imported(node, name, names)
-        # every submodule implicitly imports the package (__init__) first; that edge is Python's,
+            if id(node) not in skip:
+                edges |= _imported(node, name, names, is_package=p.name == "__init__.py")
+        # every submodule implicitly imports its package (__init__) first; that edge is Python's,
         # not the author's, so only explicit imports of `stax` count
         graph[name] = edges
     return graph
@@ -127,11 +162,11 @@ def test_imports_point_down():
 
 def test_module_size():
     over = {}
-    for p in sorted(PACKAGE.glob("*.py")):
+    for p in _files():
         source = p.read_text()
         n = code_lines(source, ast.parse(source))
         if n > MAX_MODULE_LINES:
-            over[p.name] = n
+            over[_module_name(p)] = n
     assert not over, f"modules over {MAX_MODULE_LINES} lines of code (split along the chapter's subsections): {over}"
 
 
@@ -147,8 +182,8 @@ def test_class_names_are_unique():
 
 def long_functions() -> dict[str, int]:
     out = {}
-    for p in sorted(PACKAGE.glob("*.py")):
-        source = p.read_text()
+    for p in _files():
+        source, stem = p.read_text(), _module_name(p)
         tree = ast.parse(source)
 
         def walk(node, prefix):
@@ -157,7 +192,7 @@ def long_functions() -> dict[str, int]:
                     qual = f"{prefix}{child.name}"
                     n = code_lines(source, tree, child.lineno, child.end_lineno)
                     if n > MAX_FUNCTION_LINES:
-                        out[f"{p.stem}:{qual}"] = n
+                        out[f"{stem}:{qual}"] = n
                     walk(child, qual + ".")
                 elif isinstance(child, ast.ClassDef):
                     walk(child, f"{prefix}{child.name}.")
@@ -184,3 +219,15 @@ def test_the_checks_see_a_cycle_and_a_long_module():
     for node in ast.walk(tree):
         edges |= _imported(node, "here", names)
     assert edges == {"lower", "cache", "cuda", "tensor"}
+    # a subpackage's module: `from .. import x` reaches the flat package, `from . import y` its sibling
+    tree = ast.parse("from .. import autograd\nfrom ..tensor import Tensor\nfrom . import functional\n"
+                     "import stax.nn.functional\n")
+    names = {"autograd", "tensor", "nn", "nn.functional", "nn.attention"}
+    edges = set()
+    for node in ast.walk(tree):
+        edges |= _imported(node, "nn.attention", names)
+    assert edges == {"autograd", "tensor", "nn.functional"}
+
+
+def test_subpackages_are_scanned():
+    assert {"nn", "nn.functional", "optim", "__init__", "tensor"} <= set(_modules())
