@@ -695,6 +695,8 @@ class CompiledFunction:
             return (lambda inputs: True), None
         graph, spec = captured
         layouts = [(n.meta.shape, n.meta.stride) for n in graph.inputs if n.op == "placeholder"]
+        if _device_of(args).startswith("cuda"):     # §10.3: int32 indices, guarded, where the hints allow
+            graph.index32 = env.index32(_capture.tensor_layouts(graph))
         source = env.guard_source(layouts)
         scope: dict = {}
         exec(compile_source(source, f"<stax guard of {name}>"), scope)

@@ -72,6 +72,7 @@ class Graph:
     checks: list = field(default_factory=list)      # §10.5 stax._check relations, checked at run time
     bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
     hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
+    index32: bool = False                           # §10.3: int32 indices guarded (ShapeEnv.index32)
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
@@ -85,6 +86,8 @@ class Graph:
         for s, hi in sorted(self.bounds.items(), key=lambda kv: str(kv[0])):
             lines.append(f"size {s} <= {hi}")       # (the code depends on it: part of the artifact key)
         lines += [f"check {c}" for c in self.checks]
+        if self.index32:
+            lines.append("indices < 2**31 (guarded)")   # (also part of the artifact key)
         return "\n".join(lines)
 
 
@@ -739,6 +742,11 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec
+
+
+def tensor_layouts(g) -> list:
+    """(shape, stride, offset) of every tensor the graph holds: its inputs and each node's result."""
+    return [(n.meta.shape, n.meta.stride, n.meta.offset) for n in g.inputs + g.nodes if n.meta is not None]
 
 
 def _drop_dead_nodes(g):

@@ -69,6 +69,9 @@ def to_sympy(obj):
 # ---- §10.2 The shape environment ----
 
 
+INDEX32_LIMIT = 2 ** 31             # int32 indices hold every offset below this
+
+
 class ShapeEnv:
     """Symbols with hints and ranges, the guards recorded while tracing, and where each symbol is
     read at run time (`sources`: symbol -> (input position, dim))."""
@@ -118,6 +121,35 @@ class ShapeEnv:
     def size_hint(self, expr) -> int:
         e = sympy.sympify(expr).subs(self.hints)
         return int(e)
+
+    # -- §10.3 the index width of the GPU's kernels --
+    def index32(self, layouts) -> bool:
+        """May Triton kernels compute indices in int32? `layouts`: (shape, stride, offset) of every
+        tensor of the graph. True when each one's element count and extent stay below 2^31 on the
+        hints: then each such bound the ranges leave open is guarded (Inductor guards the same way),
+        and a call past it compiles an int64 version. False when a bound fails on the hints or
+        depends on a data-dependent size (the kernels keep int64)."""
+        exprs = []
+        for shape, stride, offset in layouts:
+            shape = [sympy.sympify(v) for v in shape]
+            extent = sympy.sympify(offset) + 1
+            for size, st in zip(shape, stride):
+                st = sympy.sympify(st)
+                extent += (size - 1) * (abs(st) if st.is_Integer else st)
+            exprs += [sympy.sympify(sympy.prod(shape)), extent]
+        rels = []
+        for e in exprs:
+            if e.free_symbols & set(self.unbacked):
+                return False
+            rel = sympy.Lt(sympy.expand(e), INDEX32_LIMIT)
+            known = self.evaluate(rel)
+            if known is False or (known is None and self.size_hint(e) >= INDEX32_LIMIT):
+                return False
+            if known is None:
+                rels.append(rel)
+        for rel in dict.fromkeys(rels):
+            self.decide(rel)
+        return True
 
     # -- §10.3 three-valued evaluation over the ranges --
     def bounds(self, expr):

@@ -634,7 +634,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     mutations = lo.write_back_mutations(graph)
     lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})),
                             list(getattr(graph, "checks", ())), dict(getattr(graph, "bounds", {})),
-                            dict(getattr(graph, "hints", {})))
+                            dict(getattr(graph, "hints", {})), bool(getattr(graph, "index32", False)))
     if split_policy is not None:
         done = chunk_deviations(lowered, deviation_piece, lo.new_name) if deviation_piece else set()
         _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy, done,

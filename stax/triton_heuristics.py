@@ -589,14 +589,29 @@ class MultiKernel:
         # §9.8: a persistent TMA template reads 16-byte aligned operands only; the first kernel
         # (the grouped template) runs any call whose buffers are not
         self.tma = any(getattr(k, "meta", {}).get("tma") for k in kernels)
+        # §10.3: a symbolic row's persistent form takes rows up to its R0_BLOCK, the looped form
+        # any row: where r0_numel sits in the arguments (counted from the end), else None
+        first = kernels[0]
+        bounded = any(getattr(k, "r0_block", None) for k in kernels)
+        self.r0_at = (len(first.numel_names) - first.numel_names.index("r0_numel")
+                      if bounded and "r0_numel" in getattr(first, "numel_names", ()) else None)
 
     def run(self, *args, stream=None):
+        if self.r0_at is not None and self._too_long(self.chosen or self.kernels[0], args):
+            kernel = next(k for k in self.kernels if not self._too_long(k, args))
+            kernel.run(*args, stream=stream)       # (the choice waits for a row both forms take)
+            return
         kernel = self.chosen
         if kernel is None:
             kernel = self.chosen = self._choose(args)
         if self.tma and kernel is not self.kernels[0] and _misaligned(args):
             kernel = self.kernels[0]
         kernel.run(*args, stream=stream)
+
+    def _too_long(self, kernel, args) -> bool:
+        """Is this launch's row longer than the persistent `kernel` holds in registers?"""
+        bound = kernel.r0_block
+        return bound is not None and args[len(args) - self.r0_at] > bound
 
     def _choose(self, args) -> CachingAutotuner:
         if cuda.interpreting():

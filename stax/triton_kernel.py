@@ -376,6 +376,7 @@ class TritonKernel:
         self.row_read_again = False                   # a later looped pass reads the row again
         self.force_form = None                        # 'red': print the looped form of a group
         self.other_form = None                        # that has a persistent one too (§9.4)
+        self.r0_block = None                          # a persistent row's R0_BLOCK (its size hint)
         self.block_axes = None                        # the block's dims when not `axes` (OUTER: r0_, x)
 
     # -- naming and buffers --
@@ -532,7 +533,12 @@ def var_lines(axis) -> list:
 
 
 def _needs_int64(lowered) -> bool:
-    """True when some buffer of the graph spans 2^31 elements or more (int32 indices would wrap)."""
+    """True when some buffer of the graph spans 2^31 elements or more (int32 indices would wrap).
+    With symbolic sizes, False when the artifact's guards keep every tensor below that
+    (`lowered.index32`, ShapeEnv.index32); the buffers lowering adds (split partials) are no
+    larger than the tensors they reduce."""
+    if lowered.index32:
+        return False
     for b in lowered.inputs + lowered.buffers:
         extent = sympy.sympify(b.layout.offset) + 1
         for size, stride in zip(b.layout.shape, b.layout.stride):
@@ -583,6 +589,15 @@ _SIZE_SYMBOL = re.compile(r"(?<![A-Za-z0-9_])([su][0-9]+)(?![A-Za-z0-9_])")   # 
 
 
 
+def _size_hint(k: TritonKernel, form: str, axis) -> int:
+    """The decorator's size hint of an axis: its numel rounded up to a power of two; a persistent
+    row's R0_BLOCK (the longest row the kernel handles: MultiKernel dispatches on it); 8192 for
+    other symbolic sizes."""
+    if form == "per" and axis.prefix == "r0_" and k.r0_block is not None:
+        return k.r0_block
+    return next_pow2(int(axis.numel)) if axis.numel.is_Integer else 8192
+
+
 def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     """The kernel's text around its body `lines`: the comment naming its origins, the
     `@triton_heuristics.<kind>(...)` decorator, the signature with pointer parameters renamed to
@@ -605,7 +620,7 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     syms = sorted(set(_SIZE_SYMBOL.findall(text)), key=str)     # §10.3: sizes in indices
     blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
     sig = [rename[n] for n in params] + syms + numels + [f"{b} : tl.constexpr" for b in blocks]
-    size_hints = ", ".join(f"'{a.prefix}': {next_pow2(int(a.numel)) if a.numel.is_Integer else 8192}" for a in k.axes)
+    size_hints = ", ".join(f"'{a.prefix}': {_size_hint(k, form, a)}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
     signature.update({nm: "i64" if k.index64 else "i32" for nm in syms + numels})
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]

@@ -55,7 +55,9 @@ def _reduction_form(k) -> tuple:
     limit = 1024 if inner else 64
     if not rnumel.is_Integer:          # §10.3: decided against the range's upper end (masks kept)
         hi = upper_bound(rnumel, k.sched.lowered.bounds)
-        return ("per", next_pow2(hi), hint) if hi is not None and hi <= limit else ("red", None, hint)
+        if hi is not None and hi <= limit:
+            return "per", next_pow2(hi), hint
+        return _dynamic_row_forms(k, rnumel, inner, limit, hint)
     if inner and int(rnumel) > limit and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
         # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) up to
         # MULTI_PASS_PERSISTENT_LIMIT gets both forms, and the launch measures which is faster
@@ -71,6 +73,23 @@ def _reduction_form(k) -> tuple:
     if int(rnumel) <= limit:
         return "per", next_pow2(int(rnumel)), hint
     return "red", None, hint
+
+
+def _dynamic_row_forms(k, rnumel, inner: bool, limit: int, hint: str) -> tuple:
+    """§10.3 with a row that no range bounds: the range's upper end says 'looped', yet most calls
+    pass rows near the hint. A row whose hint fits the persistent bound (MULTI_PASS_PERSISTENT_LIMIT
+    for a multi-pass row) gets both forms: the persistent one, its R0_BLOCK taken at the hint, runs
+    every call whose row fits R0_BLOCK, the looped one every longer row; the launch dispatches on
+    r0_numel (`MultiKernel`), so one artifact still serves every size."""
+    at_hint = sympy.sympify(rnumel).subs(k.sched.lowered.hints)
+    multi_pass = len([p for p in phases(k.group) if p[0] == "loop"]) > 1
+    bound = MULTI_PASS_PERSISTENT_LIMIT if multi_pass else limit
+    if not (inner and at_hint.is_Integer and 1 <= int(at_hint) <= bound):
+        return "red", None, hint
+    k.other_form = "red" if k.force_form is None else None
+    if k.force_form == "red":
+        return "red", None, hint
+    return "per", next_pow2(int(at_hint)), hint
 
 
 # the reduction over dim {d} of a block: 1 in the row form's [XBLOCK, R0_BLOCK], 0 in OUTER's
@@ -265,6 +284,7 @@ def reduction_kernel(k: TritonKernel) -> tuple:
     g = k.group
     xvars, rvars = setup_axes(k, g.ranges, g.reduction_ranges)
     form, r0_block, hint = _reduction_form(k)
+    k.r0_block = r0_block
     rnumel = k.raxis.numel
     k.always_true = {"r0_mask"} if form == "per" and rnumel.is_Integer and int(rnumel) == r0_block else set()
     xaxis, raxis = k.axes[0], k.axes[1]

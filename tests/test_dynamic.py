@@ -105,7 +105,57 @@ def test_triton_kernel_takes_sizes_as_parameters_and_keeps_masks():
     assert "xnumel = " not in text.split("def call")[0]          # sizes are parameters, not constants
     assert "r0_mask = r0_index < r0_numel" in text or "r0_mask" in text
     assert "s0 = arg0_1.shape[0]" in text and "s1 = arg0_1.shape[1]" in text
-    assert "for r0_offset in tl.range(0, r0_numel" in text      # unbounded: the looped form
+    assert "for r0_offset in tl.range(0, r0_numel" in text      # unbounded: the looped form exists
+
+
+# (graphs no other test compiles: an artifact cached from a run at other hints has other R0_BLOCKs)
+UNBOUNDED_ROWS = {
+    "sum": lambda x, y: (stax.relu(x + y) * 3).sum(-1),
+    "softmax": lambda x, y: stax.softmax(x * 1.5, -1),
+    "layer_norm": lambda x, y: stax.layer_norm(x + y, (x.shape[-1],)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNBOUNDED_ROWS))
+def test_triton_unbounded_row_runs_persistent_when_it_fits(name, monkeypatch):
+    # §10.3: the row is unbounded, so the looped form must exist; the persistent one (R0_BLOCK from
+    # the hint, 128 for 100) runs every row that fits it; the launch dispatches on r0_numel
+    from stax import triton_heuristics
+    ran = []
+    real = triton_heuristics.CachingAutotuner.run
+
+    def spy(self, *args, **kw):
+        ran.append(self.name.split("_")[1])
+        return real(self, *args, **kw)
+    monkeypatch.setattr(triton_heuristics.CachingAutotuner, "run", spy)
+    fn = UNBOUNDED_ROWS[name]
+    compiled = stax.compile(fn, dynamic=True)
+    for m, form in ((100, "per"), (37, "per"), (128, "per"), (129, "red"), (1000, "red"), (65, "per")):
+        ran.clear()
+        x, y = _rand(5, m), _rand(5, m)
+        _close(compiled(x.to("cuda"), y.to("cuda")), fn(x, y))
+        assert ran == [form], (m, ran)
+    assert compiled.stats["compiles"] == 1, compiled.stats
+    kernels = str(compiled.last_generated)
+    assert "'r0_': 128}" in kernels and "multi_kernel_0.run(" in kernels
+
+
+def test_triton_indices_are_int32_under_a_guard(monkeypatch, capsys):
+    # §10.3: every tensor below 2^31 elements on the hints: int32 indices, guarded; a size past it
+    # fails the guard (a new artifact, int64); data-dependent sizes keep int64
+    monkeypatch.setenv("STAX_LOGS", "guards")
+    compiled = stax.compile(lambda x: x.sum(0) * 2, dynamic=True)
+    x = _rand(100, 37)
+    _close(compiled(x.to("cuda")), x.sum(0) * 2)
+    text = str(compiled.last_generated)
+    assert "'r0_numel': 'i32'" in text and ".to(tl.int64)" not in text
+    assert "s0*s1 < 2147483648" in capsys.readouterr().err
+    env = dynshape.ShapeEnv()
+    s0, s1 = env.create_symbol(3, ("x", 0)), env.create_symbol(5, ("x", 1))
+    assert env.index32([((s0, s1), (s1, 1), 0)]) and env.guards
+    big = dynshape.ShapeEnv()
+    s0, s1 = big.create_symbol(2**16, ("x", 0)), big.create_symbol(2**15, ("x", 1))
+    assert not big.index32([((s0, s1), (s1, 1), 0)]) and not big.guards
 
 
 def test_cpu_kernel_takes_sizes_as_parameters():

@@ -20,7 +20,9 @@ DYNAMIC_EXAMPLES = {
 
 def _dynamic_source(name):
     fn, shapes = DYNAMIC_EXAMPLES[name]
-    graph, _ = capture.capture(fn, [stax.randn(*s) for s in shapes], shape_env=dynshape.ShapeEnv())
+    env = dynshape.ShapeEnv()
+    graph, _ = capture.capture(fn, [stax.randn(*s) for s in shapes], shape_env=env)
+    graph.index32 = env.index32(capture.tensor_layouts(graph))     # as stax.compile does for cuda
     gen = stax._compile_graph(graph, "cuda", name)
     return "\n".join(gen.kernels.values()) + "\n\n" + gen.wrapper
 
