@@ -476,7 +476,8 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
         from . import codegen_cpp as backend
     lowered = lower.lower(graph, split_policy=backend.split_policy,
                           outer_split_policy=getattr(backend, "outer_split_policy", None),
-                          deviation_piece=getattr(backend, "deviation_piece", None))
+                          deviation_piece=getattr(backend, "deviation_piece", None),
+                          operand_strides=getattr(backend, "operand_strides", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
     sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None))

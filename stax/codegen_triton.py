@@ -31,7 +31,7 @@ import sympy
 from .ir import Scatter
 from .attention_kernels import attention_template, extern_spec, launch_numels
 from .conv_template import conv_applies, conv_template
-from .templates import mm_template, template_applies
+from .templates import mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
@@ -57,6 +57,7 @@ def split_policy(numel_out, numel_red, target: Target | None = None) -> int:
 
 
 OUTER_XBLOCK = 64           # the outputs one program of an OUTER kernel covers (autotune's default)
+operand_strides = tf32_operand_strides   # (lower.lower's hook: tf32 matmul operands K-major)
 OUTER_MAX_SPLITS = 64       # the partials' reduction stays persistent (§9.4's OUTER bound)
 OUTER_MIN_PIECE = 128       # rows each piece reduces, at least
 OUTER_MIN_ELEMENTS = 1 << 18    # below this one kernel beats two launches

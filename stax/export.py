@@ -469,7 +469,8 @@ def _load(graph, device: str):
     else:
         from . import codegen_cpp as backend
     lowered = lower.lower(graph, split_policy=backend.split_policy,
-                          outer_split_policy=getattr(backend, "outer_split_policy", None))
+                          outer_split_policy=getattr(backend, "outer_split_policy", None),
+                          operand_strides=getattr(backend, "operand_strides", None))
     return runtime.load_module(backend.generate(schedule.schedule(lowered)))
 
 

@@ -616,7 +616,7 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
 
 
 def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=None,
-          deviation_piece=None) -> LoweredGraph:
+          deviation_piece=None, operand_strides=None) -> LoweredGraph:
     """Lower every graph node; realize values into buffers where the data flow requires it.
 
     A pointwise value is inlined into its consumers (it never touches memory) unless it is a graph
@@ -627,6 +627,7 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     `deviation_piece`, when given, reduces var's deviations in pieces read once (`chunk_deviations`).
     """
     lo = _Lowering(inline_limit)
+    lo.operand_strides = operand_strides
     lo.add_inputs(graph)
     for node in graph.nodes:
         lo.add_node(node)
@@ -653,6 +654,9 @@ class _Lowering:
         self.env: dict = {}             # graph node -> Value (or Python scalar)
         self.outputs: list = []         # the graph's outputs once stored (store_outputs)
         self.count = 0
+        # the back end's say on a fallback's operand: (node, position, layout) -> the strides to
+        # copy it to first, or None to hand it over as it is (tf32 matmuls want K-major operands)
+        self.operand_strides = None
 
     def new_name(self) -> str:
         self.count += 1
@@ -664,13 +668,14 @@ class _Lowering:
     def dtype_of(self, name):
         return next(b.dtype for b in self.inputs + self.buffers if b.name == name)
 
-    def realize(self, v: Value) -> Value:
-        """Store a value in a contiguous buffer of its own (if it is not in one already)."""
-        if v.buffer is not None:
+    def realize(self, v: Value, layout: Layout | None = None, origins=()) -> Value:
+        """Store a value in a buffer of its own, contiguous or with `layout` (if it is not in one
+        already; with `layout`, always, named for `origins` too)."""
+        if v.buffer is not None and layout is None:
             return v
         name = self.new_name()
-        layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
-        self.emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins)))
+        layout = layout or Layout(tuple(v.shape), contiguous_strides(v.shape))
+        self.emit(Pointwise(name, v.dtype, list(v.shape), v.loader, layout, list(v.origins) + list(origins)))
         return Value(v.shape, v.dtype, _load_from(name, v.dtype, layout), buffer=name)
 
     def arg(self, x):
@@ -740,11 +745,20 @@ class _Lowering:
     def fallback(self, node, args) -> Value:
         """§6.1: an ExternKernel running the eager implementation on stored inputs."""
         ins = []
-        for a in args:
+        for position, a in enumerate(args):
             if isinstance(a, Value):
                 # a view of a buffer is handed over in place (strides, offset); else stored
                 view = strided_view(a, self.dtype_of) if a.buffer is None else None
-                ins.append(view if view is not None else self.realize(a).buffer)
+                wanted = None
+                if self.operand_strides is not None:
+                    layout = (view.layout if view is not None else
+                              next(b.layout for b in self.inputs + self.buffers if b.name == a.buffer)
+                              if a.buffer is not None else Layout(tuple(a.shape), contiguous_strides(a.shape)))
+                    wanted = self.operand_strides(node, position, layout)
+                if wanted is not None:
+                    ins.append(self.realize(a, Layout(tuple(a.shape), tuple(wanted)), [node.name]).buffer)
+                else:
+                    ins.append(view if view is not None else self.realize(a).buffer)
             else:
                 ins.append(a)
         name = self.new_name()

@@ -239,6 +239,36 @@ def template_applies(e, lowered) -> bool:
     return math.prod(int(s) for s in e.layout.shape[:-2]) <= 65535
 
 
+# ---- §9.8 Precision: TF32 wants K-major operands ----
+
+TF32_COPY_MIN_FLOPS = 2 * 512 ** 3     # below this a copy's launch costs more than it saves
+
+
+def tf32_operand_strides(node, position: int, layout):
+    """lowering's `operand_strides` hook for the GPU: under TF32 (`set_float32_matmul_precision
+    ("high")`), Hopper's tensor cores take float32 operands only K-major (A's rows, B's columns
+    contiguous); with a row-major B Triton's tl.dot runs about 4x slower (87 against 324 TFLOP/s
+    at 4096³ on the H200, bench/RESULTS.md). Such an operand is copied K-major first (one
+    transposing pointwise kernel, a few percent of the GEMM); returns its strides, or None to read
+    the operand in place (bf16/fp16, IEEE float32, K-major already, small or broadcast operands)."""
+    if node.op != "matmul" or node.meta.dtype.name != "float32" or input_precision() != "tf32":
+        return None
+    shape, stride = layout.shape, layout.stride
+    if len(shape) < 2 or not _static(layout) or any(int(st) == 0 for st in stride):
+        return None
+    k_dim = len(shape) - 1 if position == 0 else len(shape) - 2
+    if int(stride[k_dim]) == 1 or int(shape[k_dim]) == 1:
+        return None
+    if 2 * math.prod(int(d) for d in node.meta.shape) * int(shape[k_dim]) < TF32_COPY_MIN_FLOPS:
+        return None
+    order = list(range(len(shape) - 2)) + ([len(shape) - 2, len(shape) - 1] if position == 0
+                                            else [len(shape) - 1, len(shape) - 2])
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):               # innermost last in `order`: K, then the other matrix dim
+        strides[d], step = step, step * int(shape[d])
+    return tuple(strides)
+
+
 def _needs_64(*layouts) -> bool:
     return any(int(x.offset) + sum((int(d) - 1) * abs(int(st)) for d, st in zip(x.shape, x.stride)) + 1
                >= INT32_LIMIT for x in layouts)

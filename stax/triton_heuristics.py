@@ -339,11 +339,20 @@ class CachingAutotuner:
         self._fn, self._source = fn, source
         self.numel_names = [n for n in signature if n.endswith("numel")]
         self.pointer_index = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
+        # the integer arguments (sizes, numels) follow the pointers; each is compiled with the
+        # largest power of two up to 16 that divides it (Triton's own JIT does so for 16): with it,
+        # loads along a row of run-time length vectorize as they do for a constant one
+        types = list(signature.values())
+        scalars = [i for i, t in enumerate(types) if not t.startswith("*")]
+        contiguous = bool(scalars) and scalars == list(range(scalars[0], len(types)))
+        # where the fast path's comparison starts: every scalar argument, else the numels alone
+        self.ints_from = scalars[0] if contiguous else len(types) - len(self.numel_names)
+        self.int_index = [i for i in scalars if types[i].startswith("i")] if contiguous else []
         self.r0_block = size_hints.get("r0_") if kind == "persistent_reduction" else None
         self.launchers: dict = {}
         self.config = None
-        # the last aligned launch: (its numel arguments, grid, launcher, where the numels start in
-        # the arguments); `run` reuses it when a launch passes the same numels
+        # the last aligned launch: (its scalar arguments from `ints_from` on, grid, launcher);
+        # `run` reuses it when a launch passes the same scalars
         self._fast = None
         self.mode, self.options = None, {}   # runtime.AsyncCompile sets stax.compile's mode and options
         self.tuning_seconds = 0.0
@@ -376,7 +385,7 @@ class CachingAutotuner:
         """Launch on the current stream; the fast path is one list of pointers and one driver call."""
         ptrs = [a if a.__class__ is int else a.data_ptr() for a in args]
         fast = self._fast
-        if fast is not None and fast[0] == args[fast[3]:]:
+        if fast is not None and fast[0] == args[self.ints_from:]:
             low_bits = 0
             for i in self.pointer_index:
                 low_bits |= ptrs[i]
@@ -404,15 +413,16 @@ class CachingAutotuner:
                                        f"kernel):\n{self.source}")
             return
         aligned = not any(ptrs[i] & 15 for i in self.pointer_index)
-        launcher = self._launcher(cfg, aligned)
+        launcher = self._launcher(cfg, aligned, args)
         launcher(grid, ptrs)
         if aligned:     # the next launch with these sizes skips straight to the driver call
-            self._fast = (args[len(args) - n:], grid, launcher, len(args) - n)
+            self._fast = (args[self.ints_from:], grid, launcher)
 
-    def _launcher(self, cfg: Config, aligned: bool = True):
-        key = (tuple(sorted(cfg.items())), aligned)
+    def _launcher(self, cfg: Config, aligned: bool, args):
+        divs = tuple((i, _pow2_divisor(args[i])) for i in self.int_index if args[i] % 2 == 0)
+        key = (tuple(sorted(cfg.items())), aligned, divs)
         if key not in self.launchers:
-            self.launchers[key] = self._compile(cfg, aligned)
+            self.launchers[key] = self._compile(cfg, aligned, divs)
         return self.launchers[key]
 
     # -- Algorithm 9.1 --
@@ -502,7 +512,7 @@ class CachingAutotuner:
             return math.inf                    # more programs along y or z than CUDA launches
         ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
         try:
-            launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index))
+            launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index), args)
         except Exception:                      # a candidate that does not compile costs inf
             return math.inf
         if launcher.kernel.local_size_bytes > 0:
@@ -539,25 +549,29 @@ class CachingAutotuner:
         for a, copy, nbytes in saved:
             cuda.copy_device_to_device(a._storage.data.buffer, copy, nbytes)
 
-    def compile_for(self, cc: int = 90, cfg: Config | None = None):
-        """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way)."""
+    def compile_for(self, cc: int = 90, cfg: Config | None = None, divs: tuple = ()):
+        """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way); `divs`:
+        (argument index, a power of two it is a multiple of) for integer arguments."""
         numels = {**{f"{p}numel": n for p, n in self.size_hints.items()}, **self.meta}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         return cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
-                                   num_stages=cfg["num_stages"], cc=cc, attrs=self._attrs(True))
+                                   num_stages=cfg["num_stages"], cc=cc, attrs=self._attrs(True, divs))
 
-    def _attrs(self, aligned: bool) -> dict:
-        """Pointer arguments known to be 16-byte aligned let Triton vectorize loads and stores."""
-        return {(i,): [["tt.divisibility", 16]] for i in self.pointer_index} if aligned else {}
+    def _attrs(self, aligned: bool, divs: tuple = ()) -> dict:
+        """Pointer arguments known to be 16-byte aligned, and integer arguments known to be
+        multiples of a power of two (`divs`), let Triton vectorize loads and stores."""
+        attrs = {(i,): [["tt.divisibility", 16]] for i in (self.pointer_index if aligned else ())}
+        attrs.update({(i,): [["tt.divisibility", d]] for i, d in divs})
+        return attrs
 
-    def _compile(self, cfg: Config, aligned: bool):
+    def _compile(self, cfg: Config, aligned: bool, divs: tuple = ()):
         """Compile for this GPU once per configuration; cubins are cached on disk by content."""
         props = cuda.get_device_properties()
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         key = cache.content_hash(self.source, repr(sorted(cfg.items())), repr(self.signature),
-                                 _triton_version(), str(cc), str(aligned), cache.FORMAT)
+                                 _triton_version(), str(cc), str(aligned), repr(divs), cache.FORMAT)
         path = cache.folder("cubin") / f"{self.name}_{key}.bin"
         entry = _load_cubin(path)
         if entry is not None:
@@ -565,9 +579,14 @@ class CachingAutotuner:
         else:
             cubin, info, _ = cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs,
                                                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                                                 cc=cc, attrs=self._attrs(aligned))
+                                                 cc=cc, attrs=self._attrs(aligned, divs))
             _save_cubin(path, cubin, info)
         return cuda_triton.launcher_for_triton(cubin, info, list(self.signature.values()))
+
+
+def _pow2_divisor(n: int) -> int:
+    """The largest of 2, 4, 8, 16 that divides the even `n` (0 counts as a multiple of 16)."""
+    return next(d for d in (16, 8, 4, 2) if n % d == 0)
 
 
 # ---- §9.4 A multi-pass row's two forms ----

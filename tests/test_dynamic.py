@@ -5,7 +5,10 @@ Example 10.4's three sequences are the acceptance checks; then compiled equals e
 and through Triton's interpreter; then the shape environment itself (three-valued decisions,
 guards, duck sizing), automatic dynamic (`dynamic=None`) and mark_dynamic / mark_static.
 """
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -156,6 +159,44 @@ def test_triton_indices_are_int32_under_a_guard(monkeypatch, capsys):
     big = dynshape.ShapeEnv()
     s0, s1 = big.create_symbol(2**16, ("x", 0)), big.create_symbol(2**15, ("x", 1))
     assert not big.index32([((s0, s1), (s1, 1), 0)]) and not big.guards
+
+
+def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
+    # a row of run-time length vectorizes as a constant one does when the kernel is compiled
+    # knowing the sizes' power-of-two divisors (Triton's JIT specializes ints the same way)
+    from stax import capture, triton_heuristics
+    env = dynshape.ShapeEnv()
+    g, _ = capture.capture(lambda x: stax.layer_norm(x, (x.shape[-1],)), [stax.randn(64, 4096)], shape_env=env)
+    g.index32 = env.index32(capture.tensor_layouts(g))
+    name, src = next(iter(stax._compile_graph(g, "cuda", "ln").kernels.items()))
+    k = triton_heuristics.kernel_from_source(name, src)       # launchers: which build each call gets
+    built = []
+    monkeypatch.setattr(k, "_compile", lambda cfg, aligned, divs: built.append(divs) or object())
+    cfg = {"XBLOCK": 1, "num_warps": 4, "num_stages": 1}
+    s1, xnumel, r0 = k.int_index                 # (the row's stride, rows, the row's length)
+    for row, d in ((4096, 16), (1000, 8), (1002, 2)):
+        k._launcher(cfg, True, [None] * k.ints_from + [row, 64, row])
+        assert built[-1] == ((s1, d), (xnumel, 16), (r0, d)), (row, built[-1])
+    k._launcher(cfg, True, [None] * k.ints_from + [1001, 64, 1001])
+    assert built[-1] == ((xnumel, 16),)
+    k._launcher(cfg, True, [None] * k.ints_from + [4096, 64, 4096])
+    assert len(built) == 4                       # one launcher per divisibility pattern, kept
+    # the sm_90 builds (in a process of their own: this one may run Triton's interpreter)
+    script = (
+        "import json, sys, triton\n"
+        "from stax.triton_heuristics import kernel_from_source\n"
+        "seen, real = [], triton.compile\n"
+        "triton.compile = lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]\n"
+        "k = kernel_from_source(*json.loads(sys.argv[1]))\n"
+        "for divs in ((), tuple((i, 16) for i in k.int_index)):\n"
+        "    k.compile_for(90, divs=divs)\n"
+        "print(json.dumps([c.asm['ptx'].count('ld.global.v4') for c in seen]))\n")
+    env_vars = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script, json.dumps([name, src])], capture_output=True,
+                         text=True, env=env_vars, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plain, known = json.loads(out.stdout.strip().splitlines()[-1])
+    assert plain == 0 and known > 0, (plain, known)
 
 
 def test_cpu_kernel_takes_sizes_as_parameters():

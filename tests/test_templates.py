@@ -149,6 +149,37 @@ def test_float32_matmul_precision():
     assert h.dtype == stax.float16
 
 
+def test_tf32_copies_operands_that_are_not_k_major(monkeypatch):
+    # under TF32 Hopper's tensor cores read float32 operands K-major only: a row-major B (or a
+    # transposed A) is copied K-major by one pointwise kernel first; x @ w.t() is read in place
+    from stax import templates
+    big = [(512, 520), (520, 600), (600,)]
+    cases = {"row_major_b": (lambda a, b, c: stax.relu(a @ b + c), big, ["triton_poi_fused", "triton_tem_fused_mm"]),
+             "linear": (lambda x, w, c: x @ w.t() + c, [(512, 520), (600, 520), (600,)], ["triton_tem_fused_mm"]),
+             "transposed_a": (lambda a, b, c: a.t() @ b.t() + c, [(520, 512), (600, 520), (600,)],
+                              ["triton_poi_fused", "triton_tem_fused_mm"])}
+    try:
+        stax.set_float32_matmul_precision("high")
+        for name, (fn, shapes, want) in cases.items():
+            gen = stax.generate(fn, *[stax.randn(*s) for s in shapes], device="cuda")
+            assert kinds(gen) == want, (name, list(gen.kernels))
+        gen = stax.generate(cases["row_major_b"][0], *[stax.randn(*s) for s in big], device="cuda")
+        assert "empty_strided_cuda((520, 600), (1, 520), stax.float32)" in gen.wrapper
+        assert "computes matmul" in next(iter(gen.kernels.values()))
+        # odd and batched shapes against float64 (the copy forced below its size threshold)
+        monkeypatch.setattr(templates, "TF32_COPY_MIN_FLOPS", 0)
+        for fn, shapes in ((lambda a, b: a @ b, [(33, 47), (47, 29)]),
+                           (lambda a, b: (a.transpose(-1, -2) @ b) * 2, [(3, 20, 17), (3, 20, 9)])):
+            args = [stax.randn(*s) for s in shapes]
+            (out,), gen = compiled(fn, *args)
+            assert kinds(gen)[0] == "triton_poi_fused", list(gen.kernels)
+            assert_close(out.cpu().double(), fn(*[x.double() for x in args]), stax.bfloat16)
+    finally:
+        stax.set_float32_matmul_precision("highest")
+    gen = stax.generate(cases["row_major_b"][0], *[stax.randn(*s) for s in big], device="cuda")
+    assert kinds(gen) == ["triton_tem_fused_mm"]          # IEEE float32 reads B in place
+
+
 # ---- §9.8 tuning cost: Prop. 9.4, shared memory, one record per GEMM ----
 
 
