@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import DType
-from .tensor import VIEW_OPS, Meta, Storage, SymbolicInt, Tensor, _dispatch, current_tracer, set_tracer
+from .tensor import (VIEW_OPS, Meta, Storage, SymbolicFloat, SymbolicInt, Tensor, _dispatch, current_tracer,
+                     set_tracer)
 
 # ---- §3 The graph ----
 
@@ -72,9 +73,11 @@ class Graph:
     checks: list = field(default_factory=list)      # §10.5 stax._check relations, checked at run time
     bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
     hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
+    scalars: list = field(default_factory=list)     # run-time float arguments' names (§10.4), call order
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
+        lines += [f"{name}: float = scalar()" for name in self.scalars]
         for n in self.nodes:
             args = ", ".join([_fmt_arg(a) for a in n.inputs] +
                              [f"{k}={_fmt_arg(v)}" for k, v in n.params.items()])
@@ -114,6 +117,7 @@ class Tracer:
         self.counts: dict = {}
         self.const_ids: dict = {}       # id(real tensor) -> constant node
         self.sources: dict = {}         # placeholder node -> index into the call's input sources
+        self.specialize: dict = {}      # run-time float arguments read as numbers -> where (SymFloat)
 
     def _name(self, op: str) -> str:
         k = self.counts.get(op, 0)
@@ -161,6 +165,9 @@ class Tracer:
                     dynshape.wrap(meta.offset, env))
 
     def record(self, op, inputs, params, metas):
+        if self.graph.scalars:      # a run-time float argument enters the graph as its symbol (§10.4)
+            inputs = [x.expr if isinstance(x, SymbolicFloat) else x for x in inputs]
+            params = {k: v.expr if isinstance(v, SymbolicFloat) else v for k, v in params.items()}
         if self.shape_env is not None:
             from . import dynshape
             # sizes in scalar operands, metadata and parameters enter the graph as sympy
@@ -503,6 +510,60 @@ def _check_unexpressible_writes(g, tracer, alias):
                              f"views of one buffer); pass separate tensors (clone one) to compile it")
 
 
+# ---- §10.4 Float arguments as run-time scalars ----
+
+
+class SpecializeScalar(Exception):
+    """A run-time float argument was used as a Python number (`if s > 0:`, `s * 2`, `float(s)`,
+    `math.sqrt(s)`): the caller captures again with those arguments baked in, keyed by value."""
+
+    def __init__(self, uses: dict):
+        super().__init__("; ".join(f"the float argument {how}" for how in uses.values()))
+        self.wheres = set(uses)
+
+
+_FLOAT_METHODS = frozenset(n for n in dir(float) if not n.startswith("_"))
+
+
+class SymFloat(SymbolicFloat):
+    """What the function sees of a float argument passed at run time: an operand of tensor ops
+    only (recorded as the sympy symbol `scalar_<name>`, a `double` parameter of the kernels).
+    Anything that needs its value as a Python number specializes the argument (`SpecializeScalar`):
+    a branch on it then stays correct, decided anew for each value."""
+    __slots__ = ("expr", "where", "tracer")
+
+    def __init__(self, name, where, tracer):
+        import sympy    # (only functions with run-time floats load sympy here)
+        self.expr, self.where, self.tracer = sympy.Symbol(name, real=True), where, tracer
+
+    def specialize(self, how):
+        self.tracer.specialize.setdefault(self.where, f"{str(self.expr)[7:]!r} is used as a Python number "
+                                          f"({how} at {_user_frame()})")
+        raise SpecializeScalar(self.tracer.specialize)
+
+    def __repr__(self):
+        return f"SymFloat({self.expr})"
+
+    def __getattr__(self, name):
+        if name in _FLOAT_METHODS:
+            self.specialize(f".{name}")
+        raise AttributeError(name)
+
+
+def _as_number(how):
+    def method(self, *args):
+        if args and isinstance(args[0], Tensor):
+            return NotImplemented       # `s * x`, `s < x`: the tensor's reflected method records it
+        self.specialize(how)
+    return method
+
+
+for _how in ("bool float int index complex round trunc floor ceil hash format str neg pos abs "
+             "eq ne lt le gt ge add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv "
+             "mod rmod pow rpow divmod rdivmod").split():
+    setattr(SymFloat, f"__{_how}__", _as_number(f"__{_how}__"))
+
+
 # ---- §3 What a graph cannot hold: numpy arguments, print ----
 
 
@@ -581,6 +642,8 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
     if isinstance(obj, SymbolicInt):   # a size returned as a number: read at run time
         return _size_output(obj)
+    if isinstance(obj, SymFloat):      # a run-time float returned as a number: specialize it
+        obj.specialize("returned")
     if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
@@ -697,7 +760,7 @@ def input_tensors(args, kwargs=None) -> list:
 
 
 def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
-            sized_ints=()):
+            sized_ints=(), scalar_args=()):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
     Non-tensor arguments are passed through unchanged (their values are part of the key), except
@@ -707,6 +770,8 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     Tensor inputs that share memory become views of one base placeholder (`aliasing`).
     Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
     a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
+    `scalar_args`: (argument position or keyword, name) of float arguments passed at run time
+    (`SymFloat`s); SpecializeScalar when the function needs one as a Python number.
     """
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
@@ -722,7 +787,10 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
                                                        lambda t: next(made))))
             for where, _ in sized_ints:     # an int argument: its carrier's size (a SymInt)
                 (kw if isinstance(where, str) else proxies)[where] = next(made).shape[0]
-            result = fn(*proxies, **kw)
+            for where, name in scalar_args:     # a float argument passed at run time
+                (kw if isinstance(where, str) else proxies)[where] = SymFloat(name, where, tracer)
+            tracer.graph.scalars = [name for _, name in scalar_args]
+            result = _run_specializing(tracer, fn, proxies, kw)
             leaves = []
             # the outputs are read while tracing: a view of a value updated in place since the view
             # was taken is regenerated from the new value, which records nodes
@@ -739,6 +807,20 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec
+
+
+def _run_specializing(tracer, fn, args, kwargs):
+    """fn(*args, **kwargs); SpecializeScalar when it read a run-time float as a number, even if
+    it caught the exception itself (it would have gone on with a wrong value)."""
+    try:
+        result = fn(*args, **kwargs)
+    except Exception:
+        if tracer.specialize:
+            raise SpecializeScalar(tracer.specialize) from None
+        raise
+    if tracer.specialize:
+        raise SpecializeScalar(tracer.specialize)
+    return result
 
 
 def _drop_dead_nodes(g):

@@ -94,6 +94,13 @@ class SymbolicInt:
     __slots__ = ()
 
 
+class SymbolicFloat:
+    """The base of a float argument passed to kernels at run time (§10.4): capture.SymFloat
+    implements it. Op functions take one as a Python float operand (a weak scalar: float32
+    tensor * it is float32, int tensor * it the default float dtype)."""
+    __slots__ = ()
+
+
 @dataclass
 class Meta:
     """What the compiler knows about a tensor without its data. Sizes may be sympy expressions."""
@@ -369,7 +376,7 @@ def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool)) or type(x) in (_b.int, _b.float):
         return x
-    if isinstance(x, SymbolicInt):      # a size as a scalar operand: a run-time int in the graph (§10.4)
+    if isinstance(x, (SymbolicInt, SymbolicFloat)):     # a run-time int or float in the graph (§10.4)
         return x
     if isinstance(x, _b.int):           # subclasses become plain values (see _plain_int)
         return int.__int__(x)
