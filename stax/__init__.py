@@ -557,6 +557,7 @@ class CompiledFunction:
         self.scalars: dict = {}         # float argument (position or keyword) -> its name, run-time (§10.4)
         self.scalar_first: dict = {}    # float argument -> the key of its first value (automatic mode)
         self.scalar_static: set = set() # float arguments the function reads as numbers: keyed by value
+        self.ndarrays = False           # a call has passed an ndarray argument (numpy_args.py)
         self.artifacts: dict = {}       # key -> (call, output spec, flat, constants, lifts, reads) or None: eager
         self.constants: dict = {}       # key -> real tensors the function closed over (lifted inputs)
         self.reads = None               # what the function reads besides its arguments (`_Read`s)
@@ -576,6 +577,8 @@ class CompiledFunction:
             key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
         if self.scalars:                        # run-time floats: any value (§10.4)
             key = self._scalar_key(key, args, kwargs)
+        if self.ndarrays:                       # which tensors are ndarray arguments (numpy_args.py)
+            key += (("ndarrays",) + _capture.ndarray_marks(args, kwargs),)
         if alias is not None:                   # which tensor inputs share memory, and how
             key += (alias.pattern,)
         if self.reads:
@@ -636,6 +639,12 @@ class CompiledFunction:
             with self._lock:
                 if self.reads is None:
                     self.reads = _reads_of(self.fn)
+        called = (args, kwargs)                 # (what eager runs: the ndarrays themselves)
+        converted = _capture.ndarray_inputs(args, kwargs)
+        if converted is not None:               # ndarray arguments: zero-copy tensor inputs
+            self.ndarrays = True
+            args, kwargs = converted
+            args = tuple(args)
         alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
         if self.dynamic is not False:
             floats = _floats_of(args, kwargs)
@@ -647,7 +656,7 @@ class CompiledFunction:
                 break
             except _Rekey:                      # a float argument is now keyed by value
                 continue
-        return self._run(entry, args, kwargs, lifted, alias)
+        return self._run(entry, args, kwargs, lifted, alias, called)
 
     def _entry(self, args, kwargs, alias):
         """(entry, lifted: the tensors read from globals/closures/attributes), compiling on a miss."""
@@ -671,9 +680,10 @@ class CompiledFunction:
             self.guarded.clear()
             self._precision = _tuning._precision[0]
 
-    def _run(self, entry, args, kwargs, lifted, alias):
+    def _run(self, entry, args, kwargs, lifted, alias, called=None):
         if entry is None or (lifted and _needs_grad(lifted)):
             self.stats["eager_calls"] += 1
+            args, kwargs = called or (args, kwargs)
             return self.fn(*args, **kwargs)
         call, spec, flat, consts, lifts, _, floats = entry
         # the common call, tensors and scalars passed positionally, skips walking nested arguments

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import DType
+from .numpy_args import NdProxy
 from .tensor import (VIEW_OPS, Meta, Storage, SymbolicFloat, SymbolicInt, Tensor, _dispatch, current_tracer,
                      set_tracer)
 
@@ -564,7 +565,45 @@ for _how in ("bool float int index complex round trunc floor ceil hash format st
     setattr(SymFloat, f"__{_how}__", _as_number(f"__{_how}__"))
 
 
-# ---- §3 What a graph cannot hold: numpy arguments, print ----
+# ---- §3 numpy arrays as arguments (numpy_args.py): zero-copy tensor inputs, numpy's semantics ----
+
+
+def ndarray_inputs(args, kwargs):
+    """The call with each top-level ndarray argument as `stax.from_numpy(a)` (zero copy; `_ndarray`
+    on the tensor names the array), or None when there is none. An array no tensor can share
+    (a dtype Stax lacks, negative strides) stays as it is: the call then runs eagerly."""
+    if not any(isinstance(a, np.ndarray) for a in args) and \
+            not (kwargs and any(isinstance(v, np.ndarray) for v in kwargs.values())):
+        return None
+    from .tensor import from_numpy
+
+    def convert(a):
+        if not isinstance(a, np.ndarray) or a.dtype.byteorder == ">":
+            return a
+        try:
+            t = from_numpy(a)
+        except (TypeError, ValueError):
+            return a
+        t._ndarray = a
+        return t
+    return [convert(a) for a in args], {k: convert(v) for k, v in (kwargs or {}).items()}
+
+
+def ndarray_marks(args, kwargs) -> tuple:
+    """The key's part for ndarray arguments: where they are, and which ones numpy lets the
+    function write to."""
+    found = [(i, a) for i, a in enumerate(args)] + sorted((kwargs or {}).items())
+    return tuple((w, a._ndarray.flags.writeable) for w, a in found
+                 if a.__class__ is Tensor and "_ndarray" in a.__dict__)
+
+
+def _to_ndarray(t, scalar):
+    """A result the function computed as an ndarray: the caller's array itself, a numpy view of a
+    compiled output (zero copy), or a numpy scalar where numpy gives one."""
+    if getattr(t, "_ndarray", None) is not None:
+        return t._ndarray
+    a = t.numpy()
+    return a[()] if scalar else a
 
 
 def _reject_ndarrays(args):
@@ -606,6 +645,7 @@ _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, ne
 _ALIAS = object()    # spec kind of an output that is an input or a view of one: rebuilt from the input
 _SAME = object()     # spec kind of a tensor already returned at an earlier leaf
 _SIZE = object()     # spec kind of an int output that is a symbolic size: computed from the inputs
+_NDARRAY = object()  # spec kind of an ndarray output (numpy_args.py): the inner spec's tensor as one
 
 
 def _input_alias(t, tracer):
@@ -644,6 +684,8 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return _size_output(obj)
     if isinstance(obj, SymFloat):      # a run-time float returned as a number: specialize it
         obj.specialize("returned")
+    if isinstance(obj, NdProxy):       # an array result: the tensor, made an ndarray per call
+        return (_NDARRAY, (_flatten(obj.t, leaves, alias), obj.scalar))
     if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
@@ -723,6 +765,8 @@ def _build(spec, leaves, order, inputs):
         return leaves[items]
     if kind is _SIZE:
         return items.value(inputs)
+    if kind is _NDARRAY:
+        return _to_ndarray(_build(items[0], leaves, order, inputs), items[1])
     if kind is _ALIAS:
         k, view_ops, symbolic = items
         if symbolic:
@@ -785,6 +829,7 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
             proxies = _map_tensors(list(args), lambda t: next(made))
             kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)],
                                                        lambda t: next(made))))
+            _wrap_ndarrays(args, kwargs, proxies, kw)
             for where, _ in sized_ints:     # an int argument: its carrier's size (a SymInt)
                 (kw if isinstance(where, str) else proxies)[where] = next(made).shape[0]
             for where, name in scalar_args:     # a float argument passed at run time
@@ -807,6 +852,16 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     _check_unexpressible_writes(g, tracer, alias)
     _drop_dead_nodes(g)
     return g, spec
+
+
+def _wrap_ndarrays(args, kwargs, proxies, kw):
+    """Each ndarray argument's proxy as the function sees it: an NdProxy (numpy's semantics)."""
+    for i, a in enumerate(args):
+        if a.__class__ is Tensor and "_ndarray" in a.__dict__:
+            proxies[i] = NdProxy(proxies[i], False, not a._ndarray.flags.writeable)
+    for k, a in kwargs.items():
+        if a.__class__ is Tensor and "_ndarray" in a.__dict__:
+            kw[k] = NdProxy(kw[k], False, not a._ndarray.flags.writeable)
 
 
 def _run_specializing(tracer, fn, args, kwargs):

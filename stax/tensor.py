@@ -531,6 +531,9 @@ def tensor(data, dtype=None, device=None):
 def from_numpy(a):
     """A tensor sharing `a`'s memory (zero copy)."""
     if not isinstance(a, np.ndarray):
+        traced = getattr(type(a), "_stax_from_numpy", None)     # an ndarray argument while capturing
+        if traced is not None:
+            return traced(a)
         raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
     dtype, isz = _np_dtype_to_stax(a.dtype), a.itemsize
     if _b.any(s < 0 for s in a.strides):
