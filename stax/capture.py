@@ -17,7 +17,9 @@ Where to look:
   - `Node`, `Graph` ........................ the graph; `Graph.format()` prints one node per line
   - `Tracer.record` ........................ one op → one node (real tensors become constants)
   - `Tracer.mutate` ........................ in-place updates as functional updates (+ write-back)
-  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), numpy arguments
+  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), nested ndarrays
+  - `ndarray_inputs`, `_wrap_ndarrays` ..... ndarray arguments: zero-copy inputs, numpy_args.NdProxy
+  - `SymFloat`, `SpecializeScalar` ......... float arguments passed to the kernels at run time (§10.4)
   - `aliasing`, `_view_chain` .............. inputs sharing memory: one base, the key's pattern
   - `capture(fn, args)` .................... the entry point (`input_tensors`: its placeholder order)
 """
@@ -578,8 +580,8 @@ def ndarray_inputs(args, kwargs):
     from .tensor import from_numpy
 
     def convert(a):
-        if not isinstance(a, np.ndarray) or a.dtype.byteorder == ">":
-            return a
+        if type(a) is not np.ndarray or a.dtype.byteorder == ">":    # (np.matrix, masked arrays:
+            return a                                                # other semantics, eager)
         try:
             t = from_numpy(a)
         except (TypeError, ValueError):
@@ -609,9 +611,9 @@ def _to_ndarray(t, scalar):
 def _reject_ndarrays(args):
     def check(x):
         if isinstance(x, np.ndarray):
-            raise GraphBreak("a numpy array argument (eager Stax gives it numpy's semantics, which "
-                             "a graph cannot reproduce; pass stax.from_numpy(array), zero copy, to "
-                             "compile it as a tensor input)")
+            raise GraphBreak("a numpy array inside a list, tuple or dict argument, or one no tensor "
+                             "can share (a dtype Stax lacks, negative strides, an ndarray subclass); "
+                             "pass it as an argument of its own, or stax.from_numpy(array), to compile it")
         if type(x) in (tuple, list):
             for y in x:
                 check(y)
@@ -812,8 +814,9 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     argument carried as the size of a 1-D tensor placed after the call's tensors; the function
     gets that placeholder's `shape[0]`, a SymInt when the size is a symbol.
     Tensor inputs that share memory become views of one base placeholder (`aliasing`).
-    Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
-    a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
+    Raises GraphBreak when the function needs tensor data to decide what to do, prints, takes a
+    numpy array nested in a container, or does numpy what numpy_args.NdProxy does not cover (a
+    top-level array argument, converted by `ndarray_inputs`, is seen as an NdProxy).
     `scalar_args`: (argument position or keyword, name) of float arguments passed at run time
     (`SymFloat`s); SpecializeScalar when the function needs one as a Python number.
     """

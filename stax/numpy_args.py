@@ -301,6 +301,8 @@ def apply_ufunc(ufunc, inputs, kwargs):
     args = [_operand(x, dt) for x, dt in zip(inputs, loops)]
     if not any(isinstance(a, Tensor) for a in args):
         _break(f"np.{ufunc.__name__} on scalars only")
+    if ufunc is np.matmul and loops[0] == np.bool_:
+        _break("np.matmul of bool arrays")
     res = fn(*args)
     want = _stax_dtype(loops[-1])
     if res.dtype is not want:

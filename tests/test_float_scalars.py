@@ -185,3 +185,24 @@ def test_floats_in_containers_and_globals_stay_keyed_by_value(rng):
     for s in (1.0, 2.0, 3.0):
         _same(cf(x, [s]), x * s)
     assert cf.stats["compiles"] == 3
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (8, 2048, 8)], ids=["template", "split_k"])
+def test_matmul_and_conv_epilogues_read_the_scalar(shape, rng):
+    """A template's fused epilogue (§9.8) takes the scalar as an fp64 parameter too."""
+    m, k, n = shape
+    x = stax.tensor(_rand(rng, m * k, "float32").reshape(m, k)).to("cuda")
+    w = stax.tensor(_rand(rng, k * n, "float32").reshape(k, n)).to("cuda")
+    f = lambda x, s: stax.relu(x @ w) * s + s     # noqa: E731
+    cf = stax.compile(f)
+    for s in (0.5, 1.5, -2.0):
+        want = np.maximum(x.cpu().numpy().astype(np.float64) @ w.cpu().numpy(), 0) * s + s
+        np.testing.assert_allclose(cf(x, s).cpu().numpy(), want, rtol=1e-4, atol=1e-3)
+    assert cf.stats["compiles"] == 2 and "scalar_s" in "".join(cf.last_generated.kernels.values())
+    xi = stax.tensor(_rand(rng, 3 * 81, "float32").reshape(1, 3, 9, 9)).to("cuda")
+    wi = stax.tensor(_rand(rng, 4 * 27, "float32").reshape(4, 3, 3, 3)).to("cuda")
+    g = lambda x, s: stax.relu(stax.conv2d(x, wi) * s)     # noqa: E731
+    cg = stax.compile(g)
+    for s in (0.5, -1.5, 2.0):
+        np.testing.assert_allclose(cg(xi, s).cpu().numpy(), g(xi, s).cpu().numpy(), rtol=1e-5, atol=1e-5)
+    assert cg.stats["compiles"] == 2
