@@ -588,7 +588,7 @@ class CompiledFunction:
 
     def _scalar_key(self, key, args, kwargs):
         key, names = list(key), sorted(kwargs) if kwargs else []
-        for where in self.scalars:
+        for where in tuple(self.scalars):   # (another thread may add one meanwhile)
             if isinstance(where, str):
                 if kwargs and kwargs.get(where).__class__ is builtins.float:
                     key[len(args) + names.index(where)] = (where, ("scalar",))

@@ -501,6 +501,8 @@ def get_default_device():
 def _specialize_sizes(data):
     if isinstance(data, SymbolicInt):
         return int(data)
+    if isinstance(data, SymbolicFloat):     # a run-time float as data: its value (specialized)
+        return float(data)
     if isinstance(data, (list, tuple)):
         return [_specialize_sizes(x) for x in data]
     return data
@@ -515,7 +517,7 @@ def tensor(data, dtype=None, device=None):
         if dtype is not None and dtype is not data.dtype:
             data = _op("to_dtype", [data], {"dtype": dtype}, _meta(data.shape, dtype, data.device))
         return _op("clone", [data], {}, _meta(data.shape, data.dtype, data.device))
-    if isinstance(data, (list, tuple, SymbolicInt)):    # sizes in the data: their values (guarded)
+    if isinstance(data, (list, tuple, SymbolicInt, SymbolicFloat)):    # sizes, floats in the data: values
         data = _specialize_sizes(data)
     a = np.asarray(data)
     if dtype is None:

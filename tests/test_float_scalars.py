@@ -128,6 +128,7 @@ NUMBER_USES = {
     "float": lambda x, s: x + float(s),
     "format": lambda x, s: x + len(f"{s:.3f}"),
     "caught": lambda x, s: x + _swallow(s),
+    "tensor_data": lambda x, s: x * stax.tensor([s, 1.0]).sum(),
 }
 
 
