@@ -177,6 +177,8 @@ class NdProxy:
 
     def astype(self, dtype, copy=True):
         dt = _stax_dtype(dtype)
+        if dt is self.t.dtype and not copy:
+            return self                 # numpy returns the array itself: writes reach it
         t = self.t.clone() if dt is self.t.dtype else self.t.to(dt)
         return NdProxy(t, self.scalar)
 

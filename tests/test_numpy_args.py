@@ -113,6 +113,8 @@ def test_returning_the_argument_and_views_of_it():
 
 
 def _inplace(a):
+    b = a.astype(a.dtype, copy=False)     # a itself
+    b += 1
     a += 1
     a[0] = 5
     a[1:3] *= 2
