@@ -31,7 +31,7 @@ from . import tensor_ops
 from .dtypes import DTYPES
 from .tensor import Tensor, current_tracer, full
 
-# ---- The dtypes numpy and Stax share ----
+# ---- §3 The dtypes numpy and Stax share ----
 
 _TO_STAX = {np.dtype(name): d for name, d in DTYPES.items() if name != "bfloat16"}
 
@@ -225,7 +225,7 @@ NdProxy.__abs__ = lambda self: apply_ufunc(np.absolute, (self,), {})
 NdProxy.__invert__ = lambda self: apply_ufunc(np.invert, (self,), {})
 
 
-# ---- Ufuncs: numpy's loop dtypes over Stax ops ----
+# ---- §3 Ufuncs: numpy's loop dtypes over Stax ops ----
 
 
 def _float_only(fn):
@@ -334,7 +334,7 @@ def _write(target: NdProxy, value, what):
     target.t.copy_(v if not isinstance(v, Tensor) or v.dtype is target.t.dtype else v.to(target.t.dtype))
 
 
-# ---- Reductions ----
+# ---- §3 Reductions ----
 
 
 def _reduce(kind, x, axis, keepdims, dtype, out):
@@ -364,7 +364,7 @@ def _reduce(kind, x, axis, keepdims, dtype, out):
     return NdProxy(res, res.ndim == 0 and not keepdims)
 
 
-# ---- __array_function__: the numpy functions the stand-in takes ----
+# ---- §3 __array_function__: the numpy functions the stand-in takes ----
 
 
 def _where(cond, x=None, y=None):
