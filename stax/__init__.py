@@ -17,7 +17,8 @@ Where to look:
                                             (globals, closure cells, attributes, attributes of its
                                             argument objects): rebinding recompiles
   - `_lookup_dynamic`, `_auto_dims` ...... §10.4 dynamic and automatic dynamic (the default) mode;
-                                            `_sized_ints`: int arguments as sizes
+                                            `_sized_ints`: int arguments as sizes; `_note_floats`:
+                                            float arguments as run-time scalars (kernel parameters)
   - `_admit` ............................. §2.4 the recompile and cumulative compile limits
   - `generate`, `Generated` .............. the generated code without running it
   - `_compile_graph` ..................... the pipeline, stage by stage, with STAX_LOGS output
@@ -159,6 +160,23 @@ def _sized_ints(args, kwargs) -> list:
     return [(where, Tensor._make(_CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
 
 
+def _floats_of(args, kwargs) -> list:
+    """(position or keyword, value) of a call's top-level float arguments (§10.4)."""
+    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.float]
+    if kwargs:
+        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.float]
+    return out
+
+
+def _arg_at(args, kwargs, where):
+    return kwargs[where] if isinstance(where, str) else args[where]
+
+
+class _Rekey(Exception):
+    """A float argument was specialized while capturing (capture.SpecializeScalar): key the call
+    again, that argument now by value."""
+
+
 def _user_stacklevel() -> int:
     """warnings.warn's stacklevel that names the user's line (the first frame outside stax/)."""
     here, level, frame = os.path.dirname(__file__), 1, sys._getframe(1)
@@ -226,6 +244,8 @@ def _describe_change(old, new) -> str:
             for what, k in (("dtype", 1), ("device", 2), ("size", 3), ("stride", 4)):
                 if a[k] != b[k]:
                     return f"argument {i}: tensor {what} changed from {a[k]} to {b[k]}"
+        if ("scalar",) in (a, b) or ("scalar",) in (a[1:], b[1:]):
+            return f"argument {i}: a float passed at run time, or keyed by value"
         return f"argument {i} changed from {a[1:]!r} to {b[1:]!r}"
     return "the number of arguments changed"
 
@@ -535,6 +555,10 @@ class CompiledFunction:
         self.guarded: dict = {}         # rank key -> [(guard function, entry)], tried in turn (§10.4)
         self.seen_shapes: dict = {}     # rank key -> the input shapes of its first static compile
         self.auto_dims: dict = {}       # rank key -> {input position: dims that changed}
+        self.scalars: dict = {}         # float argument (position or keyword) -> its name, run-time (§10.4)
+        self.scalar_first: dict = {}    # float argument -> the key of its first value (automatic mode)
+        self.scalar_static: set = set() # float arguments the function reads as numbers: keyed by value
+        self.ndarrays = False           # a call has passed an ndarray argument (numpy_args.py)
         self.artifacts: dict = {}       # key -> (call, output spec, flat, constants, lifts, reads) or None: eager
         self.constants: dict = {}       # key -> real tensors the function closed over (lifted inputs)
         self.reads = None               # what the function reads besides its arguments (`_Read`s)
@@ -552,12 +576,51 @@ class CompiledFunction:
         key = tuple([key_of(a) for a in args])
         if kwargs:
             key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
+        if self.scalars:                        # run-time floats: any value (§10.4)
+            key = self._scalar_key(key, args, kwargs)
+        if self.ndarrays:                       # which tensors are ndarray arguments (numpy_args.py)
+            key += (("ndarrays",) + _capture.ndarray_marks(args, kwargs),)
         if alias is not None:                   # which tensor inputs share memory, and how
             key += (alias.pattern,)
         if self.reads:
             call = (args, kwargs)
             key += (("reads",) + tuple([_guard_key(r.value(call), lifted) for r in self.reads]),)
         return key
+
+    def _scalar_key(self, key, args, kwargs):
+        key, names = list(key), sorted(kwargs) if kwargs else []
+        for where in tuple(self.scalars):   # (another thread may add one meanwhile)
+            if isinstance(where, str):
+                if kwargs and kwargs.get(where).__class__ is builtins.float:
+                    key[len(args) + names.index(where)] = (where, ("scalar",))
+            elif where < len(args) and args[where].__class__ is builtins.float:
+                key[where] = ("scalar",)
+        return tuple(key)
+
+    def _note_floats(self, floats):
+        """§10.4: a float argument is passed to the kernels at run time from its first call
+        (dynamic=True) or from the first call that passes another value (automatic dynamic);
+        one artifact then serves every value. One the function reads as a Python number stays
+        keyed by value (`scalar_static`)."""
+        for where, v in floats:
+            if where in self.scalars or where in self.scalar_static:
+                continue
+            if self.dynamic is None:
+                first = self.scalar_first.setdefault(where, _key_of(v))
+                if first == _key_of(v):
+                    continue
+            with self._lock:
+                base = where if isinstance(where, str) else \
+                    next((n for n, p in _params(self.fn).items() if p == where), str(where))
+                name = "scalar_" + re.sub(r"[^A-Za-z0-9_]", "_", base)
+                self.scalars[where] = name if name not in self.scalars.values() else f"{name}_{len(self.scalars)}"
+            _log("recompiles", getattr(self.fn, "__name__", "fn"), f"float argument {where!r} changed "
+                 f"value: passed to the kernels at run time from now on ({self.scalars[where]})")
+
+    def _scalar_args(self, args, kwargs) -> list:
+        """(where, name) of the run-time float arguments of this call, in the kernels' order."""
+        floats = _floats_of(args, kwargs)
+        return [(w, self.scalars[w]) for w, _ in floats if w in self.scalars]
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
@@ -577,17 +640,36 @@ class CompiledFunction:
             with self._lock:
                 if self.reads is None:
                     self.reads = _reads_of(self.fn)
-        lifted = []                             # tensors read from globals/closures/attributes
+        called = (args, kwargs)                 # (what eager runs: the ndarrays themselves)
+        converted = _capture.ndarray_inputs(args, kwargs)
+        if converted is not None:               # ndarray arguments: zero-copy tensor inputs
+            self.ndarrays = True
+            args, kwargs = converted
+            args = tuple(args)
         alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
+        if self.dynamic is not False:
+            floats = _floats_of(args, kwargs)
+            if floats:
+                self._note_floats(floats)
+        while True:
+            try:
+                entry, lifted = self._entry(args, kwargs, alias)
+                break
+            except _Rekey:                      # a float argument is now keyed by value
+                continue
+        return self._run(entry, args, kwargs, lifted, alias, called)
+
+    def _entry(self, args, kwargs, alias):
+        """(entry, lifted: the tensors read from globals/closures/attributes), compiling on a miss."""
+        lifted = []
         if self.dynamic is not False and alias is None:
-            entry, lifted = self._lookup_dynamic(args, kwargs)
-        else:
-            key = self._key(args, kwargs, lifted, alias)
-            entry = self.artifacts.get(key, _MISS)
-            if entry is _MISS:
-                with self._lock:
-                    entry, key, lifted = self._compile(key, args, kwargs, lifted)
-        return self._run(entry, args, kwargs, lifted, alias)
+            return self._lookup_dynamic(args, kwargs)
+        key = self._key(args, kwargs, lifted, alias)
+        entry = self.artifacts.get(key, _MISS)
+        if entry is _MISS:
+            with self._lock:
+                entry, key, lifted = self._compile(key, args, kwargs, lifted)
+        return entry, lifted
 
     def _precision_changed(self):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
@@ -599,11 +681,12 @@ class CompiledFunction:
             self.guarded.clear()
             self._precision = _tuning._precision[0]
 
-    def _run(self, entry, args, kwargs, lifted, alias):
+    def _run(self, entry, args, kwargs, lifted, alias, called=None):
         if entry is None or (lifted and _needs_grad(lifted)):
             self.stats["eager_calls"] += 1
+            args, kwargs = called or (args, kwargs)
             return self.fn(*args, **kwargs)
-        call, spec, flat, consts, lifts, _ = entry
+        call, spec, flat, consts, lifts, _, floats = entry
         # the common call, tensors and scalars passed positionally, skips walking nested arguments
         inputs = [a for a in args if a.__class__ is Tensor] if flat is True and not kwargs else \
             _capture.input_tensors(args, kwargs)
@@ -613,6 +696,8 @@ class CompiledFunction:
             consts = list(consts)
             for pos, k in lifts:
                 consts[pos] = lifted[k]
+        if floats:                              # run-time float arguments, after the constants
+            consts = list(consts) + [_arg_at(args, kwargs, w) for w in floats]
         if alias is None:
             outs = call(inputs + consts)
             return _capture.unflatten(spec, iter(outs), inputs)
@@ -691,7 +776,8 @@ class CompiledFunction:
         from . import dynshape, runtime
         t0 = time.perf_counter()
         env = dynshape.ShapeEnv(padding=self.options.get("shape_padding"))     # Prop. 10.3 buckets
-        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized)
+        captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized,
+                                 scalar_args=self._scalar_args(args, kwargs))
         if captured is None:
             return (lambda inputs: True), None
         graph, spec = captured
@@ -716,7 +802,8 @@ class CompiledFunction:
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         _log("guards", name, source)
-        return guard, (call, spec, "sized", consts, lifts, [r.value((args, kwargs)) for r in self.reads])
+        return guard, (call, spec, "sized", consts, lifts, [r.value((args, kwargs)) for r in self.reads],
+                       [w for w, _ in self._scalar_args(args, kwargs)])
 
     def _compile(self, key, args, kwargs, lifted):
         """Under the lock: (entry, key, lifted), compiling unless another thread just did."""
@@ -788,9 +875,15 @@ class CompiledFunction:
 
     def _capture(self, name, args, kwargs, **how):
         """(graph, spec), or None after a graph break (logged; fullgraph=True raises instead)."""
-        from .capture import GraphBreak, capture
+        from .capture import GraphBreak, SpecializeScalar, capture
         try:
             return capture(self.fn, list(args), kwargs, **how)
+        except SpecializeScalar as e:           # §10.4: a float read as a number: key it by value
+            for where in e.wheres:
+                self.scalars.pop(where, None)
+                self.scalar_static.add(where)
+            _log("recompiles", name, f"{e}: specialized, keyed by value from now on")
+            raise _Rekey() from None
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}. "
@@ -802,7 +895,7 @@ class CompiledFunction:
     def _build(self, key, args, kwargs, lifted, name):
         """Capture, compile and load one specialization: its artifact entry (None: run eagerly)."""
         t0 = time.perf_counter()
-        captured = self._capture(name, args, kwargs)
+        captured = self._capture(name, args, kwargs, scalar_args=self._scalar_args(args, kwargs))
         if captured is None:
             return None
         graph, spec = captured
@@ -811,7 +904,7 @@ class CompiledFunction:
             _check_native(gen, name)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
-        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=False)
+        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=builtins.bool(graph.scalars))
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
@@ -824,7 +917,8 @@ class CompiledFunction:
         _log("guards", name, "specialized on: " + "; ".join(repr(k) for k in args_key) +
              "".join(f"\n  {r.name}: {k!r:.100}" for r, k in zip(self.reads, reads_key)))
         # the values read are kept alive: a function or object guarded by id keeps its id unique
-        return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads])
+        return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads],
+                [w for w, _ in self._scalar_args(args, kwargs)])
 
     def _graphed(self, call, graph, gen, name, device, dynamic):
         """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""

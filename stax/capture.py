@@ -17,7 +17,9 @@ Where to look:
   - `Node`, `Graph` ........................ the graph; `Graph.format()` prints one node per line
   - `Tracer.record` ........................ one op → one node (real tensors become constants)
   - `Tracer.mutate` ........................ in-place updates as functional updates (+ write-back)
-  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), numpy arguments
+  - `GraphBreak`, `Tracer.graph_break` ..... data-dependent control flow, print(), nested ndarrays
+  - `ndarray_inputs`, `_wrap_ndarrays` ..... ndarray arguments: zero-copy inputs, numpy_args.NdProxy
+  - `SymFloat`, `SpecializeScalar` ......... float arguments passed to the kernels at run time (§10.4)
   - `aliasing`, `_view_chain` .............. inputs sharing memory: one base, the key's pattern
   - `capture(fn, args)` .................... the entry point (`input_tensors`: its placeholder order)
 """
@@ -32,7 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .dtypes import DType
-from .tensor import VIEW_OPS, Meta, Storage, SymbolicInt, Tensor, _dispatch, current_tracer, set_tracer
+from .numpy_args import NdProxy
+from .tensor import (VIEW_OPS, Meta, Storage, SymbolicFloat, SymbolicInt, Tensor, _dispatch, current_tracer,
+                     set_tracer)
 
 # ---- §3 The graph ----
 
@@ -73,9 +77,11 @@ class Graph:
     bounds: dict = field(default_factory=dict)      # size symbol -> upper end of its range (buckets)
     hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
     index32: bool = False                           # §10.3: int32 indices guarded (ShapeEnv.index32)
+    scalars: list = field(default_factory=list)     # run-time float arguments' names (§10.4), call order
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
+        lines += [f"{name}: float = scalar()" for name in self.scalars]
         for n in self.nodes:
             args = ", ".join([_fmt_arg(a) for a in n.inputs] +
                              [f"{k}={_fmt_arg(v)}" for k, v in n.params.items()])
@@ -117,6 +123,7 @@ class Tracer:
         self.counts: dict = {}
         self.const_ids: dict = {}       # id(real tensor) -> constant node
         self.sources: dict = {}         # placeholder node -> index into the call's input sources
+        self.specialize: dict = {}      # run-time float arguments read as numbers -> where (SymFloat)
 
     def _name(self, op: str) -> str:
         k = self.counts.get(op, 0)
@@ -164,6 +171,9 @@ class Tracer:
                     dynshape.wrap(meta.offset, env))
 
     def record(self, op, inputs, params, metas):
+        if self.graph.scalars:      # a run-time float argument enters the graph as its symbol (§10.4)
+            inputs = [x.expr if isinstance(x, SymbolicFloat) else x for x in inputs]
+            params = {k: v.expr if isinstance(v, SymbolicFloat) else v for k, v in params.items()}
         if self.shape_env is not None:
             from . import dynshape
             # sizes in scalar operands, metadata and parameters enter the graph as sympy
@@ -506,15 +516,107 @@ def _check_unexpressible_writes(g, tracer, alias):
                              f"views of one buffer); pass separate tensors (clone one) to compile it")
 
 
-# ---- §3 What a graph cannot hold: numpy arguments, print ----
+# ---- §10.4 Float arguments as run-time scalars ----
+
+
+class SpecializeScalar(Exception):
+    """A run-time float argument was used as a Python number (`if s > 0:`, `s * 2`, `float(s)`,
+    `math.sqrt(s)`): the caller captures again with those arguments baked in, keyed by value."""
+
+    def __init__(self, uses: dict):
+        super().__init__("; ".join(f"the float argument {how}" for how in uses.values()))
+        self.wheres = set(uses)
+
+
+_FLOAT_METHODS = frozenset(n for n in dir(float) if not n.startswith("_"))
+
+
+class SymFloat(SymbolicFloat):
+    """What the function sees of a float argument passed at run time: an operand of tensor ops
+    only (recorded as the sympy symbol `scalar_<name>`, a `double` parameter of the kernels).
+    Anything that needs its value as a Python number specializes the argument (`SpecializeScalar`):
+    a branch on it then stays correct, decided anew for each value."""
+    __slots__ = ("expr", "where", "tracer")
+
+    def __init__(self, name, where, tracer):
+        import sympy    # (only functions with run-time floats load sympy here)
+        self.expr, self.where, self.tracer = sympy.Symbol(name, real=True), where, tracer
+
+    def specialize(self, how):
+        self.tracer.specialize.setdefault(self.where, f"{str(self.expr)[7:]!r} is used as a Python number "
+                                          f"({how} at {_user_frame()})")
+        raise SpecializeScalar(self.tracer.specialize)
+
+    def __repr__(self):
+        return f"SymFloat({self.expr})"
+
+    def __getattr__(self, name):
+        if name in _FLOAT_METHODS:
+            self.specialize(f".{name}")
+        raise AttributeError(name)
+
+
+def _as_number(how):
+    def method(self, *args):
+        if args and isinstance(args[0], Tensor):
+            return NotImplemented       # `s * x`, `s < x`: the tensor's reflected method records it
+        self.specialize(how)
+    return method
+
+
+for _how in ("bool float int index complex round trunc floor ceil hash format str neg pos abs "
+             "eq ne lt le gt ge add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv "
+             "mod rmod pow rpow divmod rdivmod").split():
+    setattr(SymFloat, f"__{_how}__", _as_number(f"__{_how}__"))
+
+
+# ---- §3 numpy arrays as arguments (numpy_args.py): zero-copy tensor inputs, numpy's semantics ----
+
+
+def ndarray_inputs(args, kwargs):
+    """The call with each top-level ndarray argument as `stax.from_numpy(a)` (zero copy; `_ndarray`
+    on the tensor names the array), or None when there is none. An array no tensor can share
+    (a dtype Stax lacks, negative strides) stays as it is: the call then runs eagerly."""
+    if not any(isinstance(a, np.ndarray) for a in args) and \
+            not (kwargs and any(isinstance(v, np.ndarray) for v in kwargs.values())):
+        return None
+    from .tensor import from_numpy
+
+    def convert(a):
+        if type(a) is not np.ndarray or a.dtype.byteorder == ">":    # (np.matrix, masked arrays:
+            return a                                                # other semantics, eager)
+        try:
+            t = from_numpy(a)
+        except (TypeError, ValueError):
+            return a
+        t._ndarray = a
+        return t
+    return [convert(a) for a in args], {k: convert(v) for k, v in (kwargs or {}).items()}
+
+
+def ndarray_marks(args, kwargs) -> tuple:
+    """The key's part for ndarray arguments: where they are, and which ones numpy lets the
+    function write to."""
+    found = [(i, a) for i, a in enumerate(args)] + sorted((kwargs or {}).items())
+    return tuple((w, a._ndarray.flags.writeable) for w, a in found
+                 if a.__class__ is Tensor and "_ndarray" in a.__dict__)
+
+
+def _to_ndarray(t, scalar):
+    """A result the function computed as an ndarray: the caller's array itself, a numpy view of a
+    compiled output (zero copy), or a numpy scalar where numpy gives one."""
+    if getattr(t, "_ndarray", None) is not None:
+        return t._ndarray
+    a = t.numpy()
+    return a[()] if scalar else a
 
 
 def _reject_ndarrays(args):
     def check(x):
         if isinstance(x, np.ndarray):
-            raise GraphBreak("a numpy array argument (eager Stax gives it numpy's semantics, which "
-                             "a graph cannot reproduce; pass stax.from_numpy(array), zero copy, to "
-                             "compile it as a tensor input)")
+            raise GraphBreak("a numpy array inside a list, tuple or dict argument, or one no tensor "
+                             "can share (a dtype Stax lacks, negative strides, an ndarray subclass); "
+                             "pass it as an argument of its own, or stax.from_numpy(array), to compile it")
         if type(x) in (tuple, list):
             for y in x:
                 check(y)
@@ -548,6 +650,7 @@ _CONST = object()    # spec kind of a non-tensor output leaf: returned as is, ne
 _ALIAS = object()    # spec kind of an output that is an input or a view of one: rebuilt from the input
 _SAME = object()     # spec kind of a tensor already returned at an earlier leaf
 _SIZE = object()     # spec kind of an int output that is a symbolic size: computed from the inputs
+_NDARRAY = object()  # spec kind of an ndarray output (numpy_args.py): the inner spec's tensor as one
 
 
 def _input_alias(t, tracer):
@@ -584,6 +687,10 @@ def _flatten(obj, leaves, alias=lambda t: None):
         return (dict, [(k, _flatten(v, leaves, alias)) for k, v in obj.items()])
     if isinstance(obj, SymbolicInt):   # a size returned as a number: read at run time
         return _size_output(obj)
+    if isinstance(obj, SymFloat):      # a run-time float returned as a number: specialize it
+        obj.specialize("returned")
+    if isinstance(obj, NdProxy):       # an array result: the tensor, made an ndarray per call
+        return (_NDARRAY, (_flatten(obj.t, leaves, alias), obj.scalar))
     if not isinstance(obj, Tensor):
         return (_CONST, obj)
     where = alias(obj)
@@ -663,6 +770,8 @@ def _build(spec, leaves, order, inputs):
         return leaves[items]
     if kind is _SIZE:
         return items.value(inputs)
+    if kind is _NDARRAY:
+        return _to_ndarray(_build(items[0], leaves, order, inputs), items[1])
     if kind is _ALIAS:
         k, view_ops, symbolic = items
         if symbolic:
@@ -700,7 +809,7 @@ def input_tensors(args, kwargs=None) -> list:
 
 
 def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
-            sized_ints=()):
+            sized_ints=(), scalar_args=()):
     """Run `fn` on proxies of the tensor arguments; return (graph, output spec).
 
     Non-tensor arguments are passed through unchanged (their values are part of the key), except
@@ -708,8 +817,11 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
     argument carried as the size of a 1-D tensor placed after the call's tensors; the function
     gets that placeholder's `shape[0]`, a SymInt when the size is a symbol.
     Tensor inputs that share memory become views of one base placeholder (`aliasing`).
-    Raises GraphBreak when the function needs tensor data to decide what to do, prints, or takes
-    a numpy array (eager Stax gives it numpy's semantics, which a graph cannot reproduce).
+    Raises GraphBreak when the function needs tensor data to decide what to do, prints, takes a
+    numpy array nested in a container, or does numpy what numpy_args.NdProxy does not cover (a
+    top-level array argument, converted by `ndarray_inputs`, is seen as an NdProxy).
+    `scalar_args`: (argument position or keyword, name) of float arguments passed at run time
+    (`SymFloat`s); SpecializeScalar when the function needs one as a Python number.
     """
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
@@ -723,9 +835,13 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
             proxies = _map_tensors(list(args), lambda t: next(made))
             kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)],
                                                        lambda t: next(made))))
+            _wrap_ndarrays(args, kwargs, proxies, kw)
             for where, _ in sized_ints:     # an int argument: its carrier's size (a SymInt)
                 (kw if isinstance(where, str) else proxies)[where] = next(made).shape[0]
-            result = fn(*proxies, **kw)
+            for where, name in scalar_args:     # a float argument passed at run time
+                (kw if isinstance(where, str) else proxies)[where] = SymFloat(name, where, tracer)
+            tracer.graph.scalars = [name for _, name in scalar_args]
+            result = _run_specializing(tracer, fn, proxies, kw)
             leaves = []
             # the outputs are read while tracing: a view of a value updated in place since the view
             # was taken is regenerated from the new value, which records nodes
@@ -747,6 +863,30 @@ def capture(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_
 def tensor_layouts(g) -> list:
     """(shape, stride, offset) of every tensor the graph holds: its inputs and each node's result."""
     return [(n.meta.shape, n.meta.stride, n.meta.offset) for n in g.inputs + g.nodes if n.meta is not None]
+
+
+def _wrap_ndarrays(args, kwargs, proxies, kw):
+    """Each ndarray argument's proxy as the function sees it: an NdProxy (numpy's semantics)."""
+    for i, a in enumerate(args):
+        if a.__class__ is Tensor and "_ndarray" in a.__dict__:
+            proxies[i] = NdProxy(proxies[i], False, not a._ndarray.flags.writeable)
+    for k, a in kwargs.items():
+        if a.__class__ is Tensor and "_ndarray" in a.__dict__:
+            kw[k] = NdProxy(kw[k], False, not a._ndarray.flags.writeable)
+
+
+def _run_specializing(tracer, fn, args, kwargs):
+    """fn(*args, **kwargs); SpecializeScalar when it read a run-time float as a number, even if
+    it caught the exception itself (it would have gone on with a wrong value)."""
+    try:
+        result = fn(*args, **kwargs)
+    except Exception:
+        if tracer.specialize:
+            raise SpecializeScalar(tracer.specialize) from None
+        raise
+    if tracer.specialize:
+        raise SpecializeScalar(tracer.specialize)
+    return result
 
 
 def _drop_dead_nodes(g):

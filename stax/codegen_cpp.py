@@ -43,7 +43,7 @@ from .schedule import all_indices, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import IndexPrinter, Printer, Var
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, wrapper_launches,
-                      wrapper_prologue)
+                      scalars_in, wrapper_prologue)
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels (cache lines)
@@ -407,7 +407,9 @@ class CppKernel:
             text = _replace_word(text, f"{name}[", f"{rename[name]}[")
         # sizes that are symbols (§10.3: loop bounds, strides and offsets in indices) are parameters
         syms = sorted({s.name for s in _free_symbols(self.group)} | set(_SIZE_SYMBOL.findall(text)), key=str)
-        decls = [d for _, d in params] + [f"int64_t {s}" for s in syms]
+        floats = scalars_in(self.lowered, text)        # run-time float arguments (§10.4)
+        decls = [d for _, d in params] + [f"int64_t {s}" for s in syms] + [f"double {s}" for s in floats]
+        syms = syms + floats
         origins = ", ".join(dict.fromkeys(self.group.origins))
         sig = f'extern "C" void {self.name}({", ".join(decls)})'
         src = f"// {self.name}: computes {origins}\n{sig}\n{{\n{_indent(text)}\n}}\n"

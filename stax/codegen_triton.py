@@ -192,7 +192,7 @@ def _template_calls(index, g, sched, call, new, allocated, multi, launch) -> int
     call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
              for s, (n, d) in scratch.items()]
     for t in launches:
-        fresh = [p for p in t.params if p not in allocated | new | set(scratch)]
+        fresh = [p for p in t.params if p not in allocated | new | set(scratch) | set(low.scalars)]
         call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
         new |= set(fresh)
         sources, runner = {t.name: t.source}, t.name

@@ -393,6 +393,7 @@ class LoweredGraph:
     checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)
     bounds: dict = field(default_factory=dict)  # size symbol -> the upper end of its range (§10.3)
     hints: dict = field(default_factory=dict)   # size symbol -> the example's size (choices made at it)
+    scalars: list = field(default_factory=list)  # run-time float arguments (`double` parameters, §10.4)
     index32: bool = False                       # §10.3: every tensor below 2^31 elements, guarded
 
     def buffer(self, name):

@@ -268,7 +268,9 @@ def _as_meta(x):
     """What result_type needs of an operand: a data-less tensor with its dtype and rank."""
     if isinstance(x, Value):
         return Tensor._proxy(Meta(tuple(x.shape), (), x.dtype), None)
-    return 0 if isinstance(x, sympy.Expr) and not x.is_Number else x    # a size: a Python int
+    if isinstance(x, sympy.Expr) and not x.is_Number:     # a size: a Python int; a run-time float
+        return 0 if all(s.is_integer for s in x.free_symbols) else 0.0     # argument: a float (§10.4)
+    return x
 
 
 def _lower_factory(node) -> Value:
@@ -635,7 +637,8 @@ def lower(graph, split_policy=None, inline_limit: int = 64, outer_split_policy=N
     mutations = lo.write_back_mutations(graph)
     lowered = LoweredGraph(lo.inputs, lo.buffers, outputs, mutations, dict(getattr(graph, "unbacked", {})),
                             list(getattr(graph, "checks", ())), dict(getattr(graph, "bounds", {})),
-                            dict(getattr(graph, "hints", {})), bool(getattr(graph, "index32", False)))
+                            dict(getattr(graph, "hints", {})), list(getattr(graph, "scalars", ())),
+                            bool(getattr(graph, "index32", False)))
     if split_policy is not None:
         done = chunk_deviations(lowered, deviation_piece, lo.new_name) if deviation_piece else set()
         _apply_split_policy(lowered, split_policy, lo.new_name, outer_split_policy, done,

@@ -52,7 +52,10 @@ class _IndexExprProbe:
     """ops handler: is an index tensor's body only `index_expr` (an arange, maybe cast)?"""
 
     def index_expr(self, expr, dtype):
-        return sympy.sympify(expr)
+        expr = sympy.sympify(expr)
+        if any(not s.is_integer for s in expr.free_symbols):   # a run-time float argument (§10.4)
+            raise _NotDirect("index_expr")
+        return expr
 
     def to_dtype(self, x, dtype):
         return x

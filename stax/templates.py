@@ -57,6 +57,7 @@ from .printer import Var
 from .template_tuning import input_precision, split_k_factor
 from .schedule import store_index
 from .triton_kernel import TritonKernel, TritonPrinter, current_target, pointer_type, texpr
+from .wrapper import scalars_in
 
 TEMPLATE_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 INT32_LIMIT = 2 ** 31
@@ -143,6 +144,8 @@ def finish_template(k: TemplateKernel, name: str, body: list, signature: dict, c
     for n, pname in rename.items():
         text = text.replace(f"@{n}@", pname)
     sig = {rename[n]: pointer_type(k.dtype_of(n)) for n in ins + outs}
+    floats = scalars_in(k.lowered, text)           # §10.4: run-time floats an epilogue reads
+    sig.update({f: "fp64" for f in floats})
     sig.update(signature)
     origins = ", ".join(dict.fromkeys(k.group.origins))
     src = (f"# {name}: computes {origins}\n"
@@ -150,7 +153,7 @@ def finish_template(k: TemplateKernel, name: str, body: list, signature: dict, c
            f"@triton.jit\n"
            f"def {name}({', '.join(list(sig) + consts)}):\n"
            + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
-    return src, ins + outs
+    return src, ins + outs + floats
 
 
 # ---- The kernel text ----

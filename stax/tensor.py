@@ -94,6 +94,13 @@ class SymbolicInt:
     __slots__ = ()
 
 
+class SymbolicFloat:
+    """The base of a float argument passed to kernels at run time (§10.4): capture.SymFloat
+    implements it. Op functions take one as a Python float operand (a weak scalar: float32
+    tensor * it is float32, int tensor * it the default float dtype)."""
+    __slots__ = ()
+
+
 @dataclass
 class Meta:
     """What the compiler knows about a tensor without its data. Sizes may be sympy expressions."""
@@ -369,7 +376,7 @@ def _scalar(x):
     """Python scalar or Tensor; numpy scalars become Python scalars; anything else is an error."""
     if isinstance(x, (Tensor, _b.bool)) or type(x) in (_b.int, _b.float):
         return x
-    if isinstance(x, SymbolicInt):      # a size as a scalar operand: a run-time int in the graph (§10.4)
+    if isinstance(x, (SymbolicInt, SymbolicFloat)):     # a run-time int or float in the graph (§10.4)
         return x
     if isinstance(x, _b.int):           # subclasses become plain values (see _plain_int)
         return int.__int__(x)
@@ -494,6 +501,8 @@ def get_default_device():
 def _specialize_sizes(data):
     if isinstance(data, SymbolicInt):
         return int(data)
+    if isinstance(data, SymbolicFloat):     # a run-time float as data: its value (specialized)
+        return float(data)
     if isinstance(data, (list, tuple)):
         return [_specialize_sizes(x) for x in data]
     return data
@@ -508,7 +517,7 @@ def tensor(data, dtype=None, device=None):
         if dtype is not None and dtype is not data.dtype:
             data = _op("to_dtype", [data], {"dtype": dtype}, _meta(data.shape, dtype, data.device))
         return _op("clone", [data], {}, _meta(data.shape, data.dtype, data.device))
-    if isinstance(data, (list, tuple, SymbolicInt)):    # sizes in the data: their values (guarded)
+    if isinstance(data, (list, tuple, SymbolicInt, SymbolicFloat)):    # sizes, floats in the data: values
         data = _specialize_sizes(data)
     a = np.asarray(data)
     if dtype is None:
@@ -524,6 +533,9 @@ def tensor(data, dtype=None, device=None):
 def from_numpy(a):
     """A tensor sharing `a`'s memory (zero copy)."""
     if not isinstance(a, np.ndarray):
+        traced = getattr(type(a), "_stax_from_numpy", None)     # an ndarray argument while capturing
+        if traced is not None:
+            return traced(a)
         raise TypeError(f"expected np.ndarray (got {type(a).__name__})")
     dtype, isz = _np_dtype_to_stax(a.dtype), a.itemsize
     if _b.any(s < 0 for s in a.strides):

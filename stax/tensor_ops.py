@@ -28,7 +28,7 @@ import numpy as np
 
 from .dtypes import _HALF, DType, bfloat16, bool_, can_cast, float16, float32, float64, int32, int64
 from .op_table import OPS
-from .tensor import (Meta, SymbolicInt, Tensor, _contig, _device, _meta, _move, _norm_device, _numel, _op,
+from .tensor import (Meta, SymbolicFloat, SymbolicInt, Tensor, _contig, _device, _meta, _move, _norm_device, _numel, _op,
                      _scalar, _shape_args, _wrap_dim, _write, current_tracer, full, result_type, tensor)
 
 __all__ = """permute expand expand_as select view reshape unsqueeze squeeze flatten transpose t
@@ -929,8 +929,8 @@ def _operand(f, reverse=False):
     def method(self, other):
         if isinstance(other, np.ndarray):
             other = tensor(other)
-        elif isinstance(other, SymbolicInt):
-            pass                        # a size as a scalar operand: a run-time int (§10.4)
+        elif isinstance(other, (SymbolicInt, SymbolicFloat)):
+            pass                        # a size or float argument as a scalar operand: run time (§10.4)
         elif not isinstance(other, (Tensor, _b.bool, _b.int, _b.float, np.generic)):
             return NotImplemented
         return f(other, self) if reverse else f(self, other)

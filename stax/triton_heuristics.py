@@ -110,10 +110,18 @@ def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) ->
 # ---- §9.7 Triton's interpreter (TRITON_INTERPRET=1): "cuda" tensors as host memory ----
 
 
+_SCALARS = (int, float, bool)   # launch arguments passed by value: sizes, run-time floats (§10.4)
+
+
 def _interp_arg(a):
     """What Triton's interpreter needs of a pointer argument: a torch-like view of host memory."""
     if hasattr(a, "_storage"):
         return _InterpTensor(a._storage.data.host_array, a._meta.offset, a.dtype.name)
+    if a.__class__ is float:    # a run-time float (§10.4): fp64, as the compiled signature says
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+        return tl.tensor(TensorHandle(np.array([a], np.float64), tl.float64), tl.float64)
     return a
 
 
@@ -383,7 +391,7 @@ class CachingAutotuner:
 
     def run(self, *args, stream=None):
         """Launch on the current stream; the fast path is one list of pointers and one driver call."""
-        ptrs = [a if a.__class__ is int else a.data_ptr() for a in args]
+        ptrs = [a if a.__class__ in _SCALARS else a.data_ptr() for a in args]
         fast = self._fast
         if fast is not None and fast[0] == args[self.ints_from:]:
             low_bits = 0
@@ -510,7 +518,7 @@ class CachingAutotuner:
         grid = self.grid(numels, cfg)
         if not fits_grid(grid):
             return math.inf                    # more programs along y or z than CUDA launches
-        ptrs = [a if isinstance(a, int) else a.data_ptr() for a in args]
+        ptrs = [a if a.__class__ in _SCALARS else a.data_ptr() for a in args]
         try:
             launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index), args)
         except Exception:                      # a candidate that does not compile costs inf
@@ -593,7 +601,7 @@ def _pow2_divisor(n: int) -> int:
 
 
 def _misaligned(args) -> bool:
-    return any(a.data_ptr() & 15 for a in args if a.__class__ is not int)
+    return any(a.data_ptr() & 15 for a in args if a.__class__ not in _SCALARS)
 
 
 class MultiKernel:

@@ -38,6 +38,7 @@ from .dtypes import bool_, int32
 from .ir import Reduction, Scatter, index_vars, indirect_symbol, merge_dims, set_handler, simplify_index
 from .printer import IndexPrinter, Printer
 from .schedule import all_accesses, node_index, store_index
+from .wrapper import scalars_in
 
 # ---- §9.1 The device the code is generated for ----
 
@@ -618,11 +619,15 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
         text = text.replace(f"@{n}@", pname)
     numels = [f"{a.prefix}numel" for a in k.axes]
     syms = sorted(set(_SIZE_SYMBOL.findall(text)), key=str)     # §10.3: sizes in indices
+    floats = scalars_in(k.lowered, text)                        # §10.4: run-time float arguments
     blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
-    sig = [rename[n] for n in params] + syms + numels + [f"{b} : tl.constexpr" for b in blocks]
+    sig = [rename[n] for n in params] + syms + floats + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {_size_hint(k, form, a)}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}
-    signature.update({nm: "i64" if k.index64 else "i32" for nm in syms + numels})
+    # (in the parameters' order: the launcher packs the arguments by it)
+    signature.update({nm: "i64" if k.index64 else "i32" for nm in syms})
+    signature.update({nm: "fp64" for nm in floats})
+    signature.update({nm: "i64" if k.index64 else "i32" for nm in numels})
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
     extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
         ", tile_hint=TileHint.DEFAULT" if len(k.axes) >= 2 else "")
@@ -632,4 +637,4 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
            f"@triton.jit\n"
            f"def {name}({', '.join(sig)}):\n"
            + "\n".join("    " + line if line else line for line in text.split("\n")) + "\n")
-    return name, src, params, syms + [texpr(a.numel) for a in k.axes]
+    return name, src, params, syms + floats + [texpr(a.numel) for a in k.axes]

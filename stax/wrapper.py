@@ -138,7 +138,7 @@ def pyparams(params) -> str:
 
 def wrapper_prologue(low, assert_extra: str = "") -> list:
     """`call(args)`'s first lines: unpack and clear the arguments, check each input's layout."""
-    names = [pyname(b.name) for b in low.inputs]
+    names = [pyname(b.name) for b in low.inputs] + [pyname(n) for n in low.scalars]   # floats last (§10.4)
     lines = ["def call(args):"]
     if names:
         lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = args")
@@ -148,6 +148,11 @@ def wrapper_prologue(low, assert_extra: str = "") -> list:
         lines.append(f"    assert_size_stride({name}, {pyshape(b.layout.shape)}, "
                      f"{pyshape(b.layout.stride)}{assert_extra})")
     return lines
+
+
+def scalars_in(low, text: str) -> list:
+    """The run-time float arguments (§10.4) a kernel's text reads: `double` parameters."""
+    return [n for n in low.scalars if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", text)]
 
 
 def size_bindings(low, indent: str = "    ") -> list:

@@ -7,7 +7,8 @@ input (in-place updates must reach the caller's tensors as in eager):
   - views of intermediates taken before an in-place update of their base (regenerated from it);
   - mutation patterns on single inputs (returned, through a view, twice, read after, half dtypes,
     size-0/1 tensors);
-  - numpy array arguments (run eagerly: never a stale frozen constant);
+  - numpy array arguments (tensor inputs with numpy's semantics, tests/test_numpy_args.py: never
+    a stale frozen constant);
   - print() inside the function (a graph break; an error under fullgraph=True).
 """
 import numpy as np
@@ -339,8 +340,15 @@ def test_numpy_argument_keeps_numpy_semantics_and_in_place_updates():
 
 
 def test_numpy_argument_under_fullgraph_says_what_to_do():
+    """An ndarray argument compiles (numpy's semantics); what the stand-in lacks raises under
+    fullgraph=True and names the way out; stax.from_numpy inside the function compiles."""
     with pytest.raises(GraphBreak, match="from_numpy"):
-        stax.compile(lambda a: stax.from_numpy(a) + 1, fullgraph=True)(np.ones(2, np.float32))
+        stax.compile(lambda a: np.dot(a, a) + 1, fullgraph=True)(np.ones(2, np.float32))
+    a = np.ones(2, np.float32)
+    g = stax.compile(lambda a: stax.from_numpy(a).add_(1) * 2, fullgraph=True)
+    out = g(a)
+    assert isinstance(out, stax.Tensor) and out.tolist() == [4.0, 4.0] and a.tolist() == [2.0, 2.0]
+    assert g.stats["compiles"] == 1
 
 
 def test_from_numpy_inputs_compile_and_write_back():
