@@ -15,7 +15,8 @@ meet. Two buffers can share a kernel when their loops fit one loop nest:
   - a reduction with pointwise nodes over its kept ranges (per-row values, e.g. `mean = sum / n`) or
     over kept + reduced ranges (per-element prologue/epilogue, e.g. softmax's `exp(x - max) / sum`);
   - several reductions over the same rows (softmax's max and sum; layer_norm's mean and variance),
-    even when one needs the other's result: the kernel makes one pass over the row per phase.
+    even when one needs the other's result: the kernel makes one pass over the row per phase
+    (a chain of dependent row reductions too, up to MAX_FUSED_REDUCTIONS in one kernel).
 A consumer may join its producer's kernel only if it reads the producer at exactly the point where
 the producer stores it in that loop nest (§7.1's dependence edge becomes program order in the loop
 body); otherwise it starts a later kernel.
@@ -62,6 +63,17 @@ class Schedule:
     lowered: object                  # the LoweredGraph
     last_use: dict                   # buffer name -> index of the last group that reads it
     kernel_local: set                # buffers whose producer and readers share one kernel (never stored)
+
+
+# A chain of dependent row reductions (issue 13: `x = sin(x) + x.sum(-1, keepdim=True)`, 20 times)
+# fuses into one kernel, one pass over the row per reduction. Past this many reductions a kernel
+# is closed and the next one starts: the kernel's text grows with every pass (on the CPU each pass
+# also recomputes the pointwise prefix lower.py inlined, up to its inline_limit of ops), and its
+# build time with it: on this project's 2-core build machine the C++ of a 20-step chain took 21 s
+# and of a 100-step one 183 s to compile. 32 keeps any one kernel near the 20-step one's size;
+# real programs fuse 2 or 3 (softmax, layer_norm), so only such chains are affected, at the cost
+# of one launch and one store and load of the row per 32 steps.
+MAX_FUSED_REDUCTIONS = 32
 
 
 # ---- Loop ranges of one buffer ----
@@ -167,6 +179,8 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     the group exactly where that producer stores, and a write-back into input `writes_input` must
     write the very element each reader of that input in the group reads."""
     fit = _fits(group, buf)
+    if isinstance(buf, Reduction) and sum(isinstance(n, Reduction) for n in group.nodes) >= MAX_FUSED_REDUCTIONS:
+        return False                # one more pass over the row would make the kernel too long to build
     if fit is None or isinstance(buf, Scatter) or any(isinstance(n, Scatter) for n in group.nodes):
         return False                # a scatter's writes collide across the loop: a kernel of its own
     gx, gr = fit
