@@ -480,7 +480,8 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
                           deviation_piece=getattr(backend, "deviation_piece", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
-    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None))
+    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None),
+                              cross=getattr(backend, "CROSS_REDUCTIONS", False))
     sched_text = schedule.format_schedule(sched)
     _log("schedule", name, sched_text)
     module = backend.generate(sched)

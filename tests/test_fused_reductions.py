@@ -99,3 +99,99 @@ def test_few_rows_spread_over_the_sms():
         c = cfg(x, r)
         programs = -(-x // c["XBLOCK"])
         assert programs >= min(x, autotune.TARGET_PROGRAMS)
+
+
+# ---- issue 12 item 4: `x.sum(0)` and `x.sum(1)` of one input read it once ----
+
+
+def both(x):
+    return x.sum(0), x.sum(1)
+
+
+def four(x):
+    return x.amax(1), x.amin(0), x.sum(1), x.prod(0)
+
+
+def four_ref(a):
+    a = np.asarray(a, np.float64)
+    return a.max(1), a.min(0), a.sum(1), a.prod(0)
+
+
+def kernels(fn, x, device="cpu"):
+    return stax.generate(fn, x, device=device).kernels
+
+
+@pytest.mark.parametrize("fn", [both, lambda x: (x.sum(1), x.sum(0)), four])
+def test_row_and_column_reductions_are_one_cpu_kernel(fn):
+    ks = kernels(fn, stax.randn(37, 53))
+    assert len(ks) == 1
+    (text,) = ks.values()
+    assert text.count("in_ptr0[") == 1          # one load of the input in the one pass
+
+
+def test_gpu_keeps_two_kernels():
+    """The GPU decision: a row block cannot finish a column's sum, so one kernel would need a
+    cross-program combine (atomics or a second pass); two kernels each read the input once."""
+    assert len(kernels(both, stax.randn(37, 53), "cuda")) == 2
+
+
+@pytest.mark.parametrize("shape", [(4, 2000), (6, 5, 7)])
+def test_what_does_not_fit_stays_apart(shape):
+    x = stax.randn(*shape)           # a row past MAX_CROSS_COLUMNS; a 3-D input reduced two ways
+    assert len(kernels(lambda x: (x.sum(0), x.sum(-1)), x)) == 2
+
+
+def test_a_reduction_that_reads_the_other_is_not_crossed(rng):
+    def fn(x):
+        c = x.sum(0)
+        return c, (x * c).sum(1)
+    a = rng.standard_normal((9, 14))
+    assert len(kernels(fn, stax.randn(9, 14))) == 2
+    c, r = stax.compile(fn)(stax.from_numpy(a.astype(np.float32)))
+    assert_close(c, a.sum(0), stax.float32)
+    assert_close(r, (a * a.sum(0)).sum(1), stax.float32)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("shape", [(37, 53), (1000, 7), (7, 1000), (300, 256), (0, 5), (5, 0)])
+def test_row_and_column_sums_match_float64(device, shape, rng):
+    a = rng.standard_normal(shape)
+    s0, s1 = stax.compile(both)(tensor(a, device))
+    assert_close(s0.cpu(), a.sum(0), stax.float32)
+    assert_close(s1.cpu(), a.sum(1), stax.float32)
+
+
+def test_large_pass_runs_in_parallel_parts(rng):
+    (text,) = kernels(both, stax.randn(300, 256)).values()
+    if stax.get_num_threads() > 1:
+        assert "#pragma omp parallel for" in text and "part_" in text
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_four_reductions_with_nan_and_inf(device, rng):
+    a = rng.standard_normal((23, 19))
+    a[3, 5], a[7, 2], a[11, 11] = np.nan, np.inf, -np.inf
+    outs = stax.compile(four)(tensor(a, device))
+    for got, ref in zip(outs, four_ref(a)):
+        assert_close(got.cpu(), ref, stax.float32)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced"])
+def test_strided_inputs(layout, rng):
+    a = rng.standard_normal((21, 40))
+    t = stax.from_numpy(a.astype(np.float32))
+    x, ref = (t.t(), a.T) if layout == "transposed" else (t[:, ::2], a[:, ::2])
+    s0, s1 = stax.compile(both)(x)
+    assert_close(s0, ref.sum(0), stax.float32)
+    assert_close(s1, ref.sum(1), stax.float32)
+
+
+def test_half_types(rng):
+    a = rng.standard_normal((17, 33))
+    for dt in (stax.bfloat16, stax.float16):
+        x = stax.from_numpy(a.astype(np.float32)).to(dt)
+        ref = np.asarray(x.float().numpy(), np.float64)
+        s0, s1 = stax.compile(both)(x)
+        assert s0.dtype is dt
+        assert_close(s0.float(), ref.sum(0), dt)
+        assert_close(s1.float(), ref.sum(1), dt)
