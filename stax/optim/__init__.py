@@ -60,6 +60,14 @@ def _adamw_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars
         p.addcdiv_(exp_avgs[i], denom, value=step_size)
 
 
+def _adamw_flat(n, lists, scalars, beta1, beta2, eps, maximize, *tensors):
+    """`_adamw_update` with its lists of tensors passed as one flat run of `lists` × `n`
+    positional tensors: the compiled call's common path (a tensor per argument: its key, aliasing
+    and inputs come without walking nested lists, a step's largest host cost after the kernels)."""
+    ts = [list(tensors[k * n:(k + 1) * n]) for k in range(lists)] + [[]] * (5 - lists)
+    _adamw_update(*ts, scalars, beta1, beta2, eps, maximize)
+
+
 def _sgd_update(params, grads, bufs, fresh, neg_lr, momentum, dampening, weight_decay, nesterov, maximize):
     """torch.optim.SGD. `fresh[i]`: buffer i is new, so it starts as a copy of the gradient
     (PyTorch's first step), not as a damped update of zeros."""
@@ -176,7 +184,8 @@ class Optimizer:
         for p in group["params"]:
             if p.grad is None:                     # PyTorch skips it: no update, no state
                 continue
-            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device != p.device:
+            pm, gm = p._meta, p.grad._meta
+            if gm.shape != pm.shape or gm.dtype != pm.dtype or gm.device != pm.device:
                 raise ValueError(f"{type(self).__name__}.step: a gradient {p.grad.dtype.name}{list(p.grad.shape)} "
                                  f"on {p.grad.device} is set on a parameter {p.dtype.name}{list(p.shape)} on "
                                  f"{p.device}; a gradient must match its parameter's shape, dtype and device")
@@ -296,7 +305,7 @@ class SGD(Optimizer):
 class AdamW(Optimizer):
     """torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
     amsgrad=False, maximize=False). `compiled=False` runs the same formulas eagerly."""
-    _update = staticmethod(_adamw_update)
+    _update = staticmethod(_adamw_flat)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
                  maximize=False, *, compiled: bool = True):
@@ -325,6 +334,7 @@ class AdamW(Optimizer):
         # the step count enters as 0-d tensors (Python floats in the key would recompile every step)
         scalars = _scalar([1 - lr * g["weight_decay"], -lr / (1 - b1 ** step), math.sqrt(1 - b2 ** step)], batch[0])
         maxes = [s["max_exp_avg_sq"] for s in states] if g["amsgrad"] else []
-        self._fn(*self._views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
-                              [s["exp_avg_sq"] for s in states], maxes), scalars,
-                 float(b1), float(b2), float(g["eps"]), bool(g["maximize"]))
+        lists = [ts for ts in self._views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+                                          [s["exp_avg_sq"] for s in states], maxes) if ts]
+        self._fn(len(batch), len(lists), scalars, float(b1), float(b2), float(g["eps"]), bool(g["maximize"]),
+                 *[t for ts in lists for t in ts])
