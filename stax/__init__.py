@@ -36,6 +36,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -500,7 +501,8 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
                           operand_strides=getattr(backend, "operand_strides", None))
     ir_text = ir.format_ir(lowered)
     _log("ir", name, ir_text)
-    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None))
+    sched = schedule.schedule(lowered, template=getattr(backend, "template_applies", None),
+                              cross=getattr(backend, "CROSS_REDUCTIONS", False))
     sched_text = schedule.format_schedule(sched)
     _log("schedule", name, sched_text)
     module = backend.generate(sched)
@@ -567,6 +569,7 @@ class CompiledFunction:
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
         self.last_key = None            # the static key of the call last compiled (for the recompiles log)
         self._warned: set = set()       # the §2.4 limits each warn once
+        self._fast = None               # the last call's (weakrefs to its tensors, reads, their key, entry, alias)
         self._lock = threading.RLock()
         self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
         if _RUN_REGISTRY is not None:
@@ -624,6 +627,11 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
+        fast = self._fast
+        if fast is not None and not kwargs:
+            out = self._call_again(fast, args)
+            if out is not _MISS:
+                return out
         if current_tracer() is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
         if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
@@ -657,6 +665,8 @@ class CompiledFunction:
                 break
             except _Rekey:                      # a float argument is now keyed by value
                 continue
+        if converted is None and not kwargs and entry is not None and _RUN_REGISTRY is None:
+            self._remember(args, entry, alias)
         return self._run(entry, args, kwargs, lifted, alias, called)
 
     def _entry(self, args, kwargs, alias):
@@ -671,12 +681,49 @@ class CompiledFunction:
                 entry, key, lifted = self._compile(key, args, kwargs, lifted)
         return entry, lifted
 
+    def _remember(self, args, entry, alias):
+        """Keep this call's tensors (weakly) for `_call_again`, when every argument is a tensor
+        and `entry` is stored (an artifact run without storing it, past the recompile limit, is
+        compiled again on every call, and stays so)."""
+        if builtins.any(a.__class__ is not Tensor for a in args):
+            return
+        stored = builtins.any(e is entry for e in self.artifacts.values()) or \
+            builtins.any(e is entry for v in self.guarded.values() for _, e in v)
+        if stored:
+            # an argument's attributes are in the key (`_IN_KEY`) when the arguments are tensors
+            live = tuple([r for r in self.reads if r.kind != "argument"])
+            call = (args, {})
+            key = tuple([_guard_key(r.value(call), []) for r in live])
+            self._fast = (tuple([weakref.ref(a) for a in args]), self.reads, live, key, entry, alias)
+
+    def _call_again(self, fast, args):
+        """The call with the very tensors of the last one: a tensor's storage and layout never
+        change after it is made, so its key, aliasing and guards are the last call's; what can
+        change between calls is checked again (the tracer, grad, the matmul precision, the values
+        the function reads besides its arguments). _MISS: take the full path."""
+        refs, read_list, live, key, entry, alias = fast
+        if len(args) != len(refs) or read_list is not self.reads or current_tracer() is not None or \
+                _tuning._precision[0] is not self._precision:
+            return _MISS
+        for a, r in zip(args, refs):
+            if r() is not a:
+                return _MISS
+        if autograd._mode.enabled and builtins.any([a.requires_grad for a in args]):
+            return _MISS
+        lifted = []
+        if live:
+            call = (args, {})
+            if tuple([_guard_key(r.value(call), lifted) for r in live]) != key:
+                return _MISS
+        return self._run(entry, args, {}, lifted, alias)
+
     def _precision_changed(self):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
         with self._lock:
             _log("recompiles", getattr(self.fn, "__name__", "fn"),
                  f"float32 matmul precision changed from {self._precision!r} to {_tuning._precision[0]!r}")
             self.artifacts.clear()
+            self._fast = None
             self.constants.clear()
             self.guarded.clear()
             self._precision = _tuning._precision[0]

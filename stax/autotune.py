@@ -292,8 +292,12 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
     if kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
         return _outer_persistent_default(x, r0_block)
     if kind == "persistent_reduction":
-        # the whole row lives in registers: keep XBLOCK × R0_BLOCK around 4K elements
+        # the whole row lives in registers: keep XBLOCK × R0_BLOCK around 4K elements, but first
+        # give each SM a program: with few rows the kernel is latency-bound (a chain of dependent
+        # row reductions, issue 13: 64 rows at XBLOCK 64 ran 20 block-wide sums on one SM)
         xblock = max(1, min(_pow2_at_most(max(x, 1), 64), 4096 // r0_block))
+        while xblock > 1 and -(-x // xblock) < TARGET_PROGRAMS:
+            xblock //= 2
         warps = max(1, min(32, xblock * r0_block // 256 if r0_block <= 4096 else r0_block // 1024))
         return {"XBLOCK": xblock, "num_warps": warps, "num_stages": 1}
     r = int(numels.get("r0_numel", 1))
@@ -302,6 +306,7 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
     return {"XBLOCK": 1, "R0_BLOCK": _pow2_at_most(max(r, 1), 2048), "num_warps": 8, "num_stages": 1}
 
 
+TARGET_PROGRAMS = 132   # programs that fill the GPU code generation assumes (cuda.H200_PROPERTIES' SMs)
 MAX_CANDIDATES = 8      # compile + measure stays well under 2 s per kernel
 MAX_XBLOCK = 8192       # the largest pointwise XBLOCK and YBLOCK/ZBLOCK any configuration takes
 MAX_OUTER_BLOCK = 1024  # (candidates and the max-autotune space): masks over multiples are dropped

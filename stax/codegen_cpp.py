@@ -39,7 +39,7 @@ from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
 from .ir import (Reduction, Scatter, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
                  simplify_index)
-from .schedule import all_indices, node_index, phases, store_index
+from .schedule import all_indices, cross_orientation, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import IndexPrinter, Printer, Var
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, wrapper_launches,
@@ -49,6 +49,7 @@ LANES = 16          # accumulator lanes: one AVX-512 register of float32
 TILE = 16           # 2-D tile edge for transposed pointwise kernels (cache lines)
 PAGE_BLOCK = 64     # tiles are walked in blocks of this edge (pages: the TLB)
 PARALLEL_MIN = 32768  # below this many elements a kernel runs on one thread
+CROSS_REDUCTIONS = True  # schedule(cross=True): a row and a column reduction share one pass
 
 
 def _omp_if(numel) -> str:
@@ -625,6 +626,8 @@ _COMBINE = {
 def _reduction_kernel(k: CppKernel) -> list:
     g = k.group
     xvars, rvars, (xnames, xsizes), (rnames, rsizes) = _loop_nest(k, g.ranges, g.reduction_ranges)
+    if g.cross:
+        return _cross_kernel(k, xvars, rvars)
     if _is_column_reduction(k, xvars, rvars, xnames, rnames):
         return _column_kernel(k, xvars, rvars, (xnames, xsizes), (rnames, rsizes))
     row = []
@@ -892,6 +895,85 @@ def _column_pass(k, nodes, xvars, rvars, block, rnames, rsizes) -> list:
         if r.name not in k.sched.kernel_local:
             stores.append(k.store(r, value, xvars, rvars))
     return lines + (_column_loop(xi, n, stores) if stores else [])
+
+
+# ---- §8 A row and a column reduction of one input in one pass (schedule._can_cross) ----
+
+CROSS_PART_BYTES = 256 * 1024   # the column partials of all parts, on the kernel's stack
+
+
+def _cross_parts(rows: int, columns: int, itemsize: int = 8) -> int:
+    """Chunks of rows the pass runs in parallel, each with its own column accumulators (one when
+    the kernel is small enough to run on one thread, as `PARALLEL_MIN` decides elsewhere)."""
+    if rows * columns < PARALLEL_MIN:
+        return 1
+    return max(1, min(get_num_threads(), rows // 16, CROSS_PART_BYTES // (columns * itemsize)))
+
+
+def _cross_element(k, colred, rowred, row, col) -> list:
+    """The body for one element: folded into each column reduction's accumulator of this part,
+    and kept as each row reduction's value for this row's column (loads shared: one printer)."""
+    p, lines = k.printer(), []
+    for n in colred:
+        _, v = k.body(n, [col], [row], printer=p)
+        acc = f"part_{n.name}[p][{col}]"
+        lines.append(f"{acc} = " + _COMBINE[n.reduction_type].format(a=acc, v=v) + ";")
+    for n in rowred:
+        _, v = k.body(n, [row], [col], printer=p)
+        lines.append(f"row_{n.name}[{col}] = {v};")
+    return p.lines + lines
+
+
+def _cross_row(k, rowred, row, col, columns: int) -> list:
+    """A row's results from `row_NAME`: LANES lanes, then the tail into lane 0, then the lanes
+    combined -- the row kernel's order of operations, so the results equal its results."""
+    vec_end, lines = columns // LANES * LANES, _lane_accumulators(rowred)
+    folds = [(n, f"acc_{n.name}", f"row_{n.name}") for n in rowred]
+    lines.append(f"for (int64_t c0 = 0; c0 < {vec_end}; c0 += {LANES}) {{")
+    lines.append("    #pragma omp simd")
+    lines.append(f"    for (int l = 0; l < {LANES}; l++) {{")
+    lines += [f"        {a}[l] = " + _COMBINE[n.reduction_type].format(a=f"{a}[l]", v=f"{r}[c0 + l]") + ";"
+              for n, a, r in folds]
+    lines += ["    }", "}"]
+    if vec_end < columns:
+        lines.append(f"for (int64_t c = {vec_end}; c < {columns}; c++) {{")
+        lines += [f"    {a}[0] = " + _COMBINE[n.reduction_type].format(a=f"{a}[0]", v=f"{r}[c]") + ";"
+                  for n, a, r in folds]
+        lines.append("}")
+    return lines + _combine_lanes(k, rowred, [row], [col])
+
+
+def _cross_kernel(k, xvars, rvars) -> list:
+    """One pass over a 2-D input for both orientations (`x.sum(0)` and `x.sum(1)`): the rows in
+    `parts` chunks (in parallel when large); per row an `omp simd` loop along the contiguous
+    columns folds each element into the column accumulators `part_NAME[p][c]` and keeps the row
+    reductions' values in `row_NAME[c]`, then `_cross_row` reduces them. After the chunks, the
+    column results are combined across parts in order (deterministic) and stored."""
+    g = k.group
+    row, col = cross_orientation(g.nodes, g.cross)
+    colred, rowred = (g.nodes, g.cross) if col == xvars[0] else (g.cross, g.nodes)
+    rows, columns = int(k.ranges[row]), int(k.ranges[col])
+    parts = _cross_parts(rows, columns)
+    lines = []
+    for n in colred:
+        lines.append(f"{ctype(n.src_dtype)} part_{n.name}[{parts}][{max(columns, 1)}];")
+    if parts > 1:
+        lines.append("#pragma omp parallel for")
+    body = [f"{ctype(n.src_dtype)} row_{n.name}[{max(columns, 1)}];" for n in rowred]
+    body += [f"for (int64_t c = 0; c < {columns}; c++) part_{n.name}[p][c] = {_identity(n)};" for n in colred]
+    body.append(f"for (int64_t {row} = {rows} * p / {parts}; {row} < {rows} * (p + 1) / {parts}; {row}++) {{")
+    element = ["#pragma omp simd", _for(col, columns) + " {"] + \
+        ["    " + x for x in _cross_element(k, colred, rowred, row, col)] + ["}"]
+    body += ["    " + x for x in element + _cross_row(k, rowred, row, col, columns)]
+    body.append("}")
+    lines += [f"for (int64_t p = 0; p < {parts}; p++) {{"] + ["    " + x for x in body] + ["}"]
+    out = []
+    for n in colred:
+        t, var = ctype(n.src_dtype), f"tmp_{n.name}"
+        comb = _COMBINE[n.reduction_type].format(a=var, v=f"part_{n.name}[p][{col}]")
+        out += [f"{t} {var} = part_{n.name}[0][{col}];", f"for (int64_t p = 1; p < {parts}; p++) {var} = {comb};",
+                k.store(n, Var(var, n.src_dtype), [col], [row])]
+    return lines + [_for(col, columns) + " {"] + ["    " + x for x in out] + ["}"]
 
 
 # ---- §7.5 The wrapper, and the module ----

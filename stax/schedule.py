@@ -15,7 +15,10 @@ meet. Two buffers can share a kernel when their loops fit one loop nest:
   - a reduction with pointwise nodes over its kept ranges (per-row values, e.g. `mean = sum / n`) or
     over kept + reduced ranges (per-element prologue/epilogue, e.g. softmax's `exp(x - max) / sum`);
   - several reductions over the same rows (softmax's max and sum; layer_norm's mean and variance),
-    even when one needs the other's result: the kernel makes one pass over the row per phase.
+    even when one needs the other's result: the kernel makes one pass over the row per phase
+    (a chain of dependent row reductions too, up to MAX_FUSED_REDUCTIONS in one kernel);
+  - on the CPU (`cross=True`), a row and a column reduction of one 2-D input (`x.sum(1)` and
+    `x.sum(0)`): one pass over the input computes both (`FusionGroup.cross`).
 A consumer may join its producer's kernel only if it reads the producer at exactly the point where
 the producer stores it in that loop nest (§7.1's dependence edge becomes program order in the loop
 body); otherwise it starts a later kernel.
@@ -25,6 +28,7 @@ Where to look:
   - `_reads` ................................ the loads a body makes (run with a collecting handler)
   - `_can_join` ............................. the fusion rule above (an ir.Scatter runs alone, after
                                               the copy it writes into)
+  - `_can_cross`, `cross_orientation` ........ a row and a column reduction of one input in one pass
   - `phases` ................................ one fused reduction kernel's passes over a row
   - `all_indices`, `all_accesses` ............ every index a group's bodies use (Prop. 6.3, §9.3)
   - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
@@ -50,10 +54,13 @@ class FusionGroup:
     ranges: list                     # x (kept) loop sizes
     reduction_ranges: list           # r loop sizes ([] for pointwise)
     nodes: list = field(default_factory=list)
+    # reductions over the same elements with the loops swapped (kept ranges = the group's reduction
+    # ranges): `x.sum(1)` beside `x.sum(0)`, computed in the same pass over the input (`_can_cross`)
+    cross: list = field(default_factory=list)
 
     @property
     def origins(self) -> list:
-        return [o for n in self.nodes for o in n.origins]
+        return [o for n in self.nodes + self.cross for o in n.origins]
 
 
 @dataclass
@@ -62,6 +69,17 @@ class Schedule:
     lowered: object                  # the LoweredGraph
     last_use: dict                   # buffer name -> index of the last group that reads it
     kernel_local: set                # buffers whose producer and readers share one kernel (never stored)
+
+
+# A chain of dependent row reductions (issue 13: `x = sin(x) + x.sum(-1, keepdim=True)`, 20 times)
+# fuses into one kernel, one pass over the row per reduction. Past this many reductions a kernel
+# is closed and the next one starts: the kernel's text grows with every pass (on the CPU each pass
+# also recomputes the pointwise prefix lower.py inlined, up to its inline_limit of ops), and its
+# build time with it: on this project's 2-core build machine the C++ of a 20-step chain took 21 s
+# and of a 100-step one 183 s to compile. 32 keeps any one kernel near the 20-step one's size;
+# real programs fuse 2 or 3 (softmax, layer_norm), so only such chains are affected, at the cost
+# of one launch and one store and load of the row per 32 steps.
+MAX_FUSED_REDUCTIONS = 32
 
 
 # ---- Loop ranges of one buffer ----
@@ -166,7 +184,11 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     """May `buf` run inside `group`'s loop nest? Its loops must fit, it must read every producer in
     the group exactly where that producer stores, and a write-back into input `writes_input` must
     write the very element each reader of that input in the group reads."""
+    if group.cross:                 # one pass both ways: only another reduction of that pass
+        return isinstance(buf, Reduction) and _cross_pass(group, group.nodes + [buf], group.cross)
     fit = _fits(group, buf)
+    if isinstance(buf, Reduction) and sum(isinstance(n, Reduction) for n in group.nodes) >= MAX_FUSED_REDUCTIONS:
+        return False                # one more pass over the row would make the kernel too long to build
     if fit is None or isinstance(buf, Scatter) or any(isinstance(n, Scatter) for n in group.nodes):
         return False                # a scatter's writes collide across the loop: a kernel of its own
     gx, gr = fit
@@ -192,14 +214,66 @@ def _can_join(group: FusionGroup, buf, writes_input: str | None) -> bool:
     return True
 
 
-def schedule(lowered, template=None) -> Schedule:
+# ---- §7 Fusion across orientations: a row and a column reduction of one input, one pass ----
+
+MAX_CROSS_COLUMNS = 1024     # a row of the input at most: each pass over a row keeps it in L1
+_CROSS_TYPES = ("sum", "prod", "amax", "amin")
+
+
+def cross_orientation(main, cross):
+    """(row var, column var) of a pass computing reductions `main` over the group's loops and
+    `cross` over them swapped (x0 or r0 each, in the group's loop vars): the column var runs along
+    the input's contiguous dim, the row var along none; None when no orientation does."""
+    xv, rv = index_vars("x", 1), index_vars("r", 1)
+    own = {n.name for n in main + cross}      # (their stores: along their own outputs)
+    exprs = [e for e, name in all_accesses(main, xv, rv) + all_accesses(cross, rv, xv)
+             if name is not None and name not in own]
+    for row, col in ((rv[0], xv[0]), (xv[0], rv[0])):
+        if any(e.coeff(col) == 1 for e in exprs) and not any(e.coeff(row) == 1 for e in exprs):
+            return row, col
+    return None
+
+
+def _cross_pass(group: FusionGroup, main: list, cross: list) -> bool:
+    """Can one pass over a 2-D input compute reductions `main` over the group's loops and `cross`
+    over them swapped? Static 1-D loops each way, plain combines, no reduction reading another,
+    a contiguous dim, and a row along it of at most MAX_CROSS_COLUMNS."""
+    gx, gr = group.ranges, group.reduction_ranges
+    if len(gx) != 1 or len(gr) != 1 or not all(sympy.sympify(s).is_Integer for s in gx + gr):
+        return False
+    nodes = main + cross
+    if not all(isinstance(n, Reduction) and not isinstance(n, Scatter) and n.reduction_type in _CROSS_TYPES
+               for n in nodes):
+        return False
+    if any(_node_loops(n) != (gx, gr) for n in main) or any(_node_loops(n) != (gr, gx) for n in cross):
+        return False
+    names = {n.name for n in nodes}
+    if any(buffer_reads(n) & names for n in nodes):
+        return False
+    where = cross_orientation(main, cross)
+    if where is None:
+        return False
+    columns = gx[0] if where[1].name.startswith("x") else gr[0]
+    return int(columns) <= MAX_CROSS_COLUMNS
+
+
+def _can_cross(group: FusionGroup, buf) -> bool:
+    """May reduction `buf` run in `group`'s pass with the loops swapped (`x.sum(1)` beside
+    `x.sum(0)`)?"""
+    return group.kind == "reduction" and isinstance(buf, Reduction) and \
+        _cross_pass(group, group.nodes, group.cross + [buf])
+
+
+def schedule(lowered, template=None, cross: bool = False) -> Schedule:
     """Place each buffer, in dependence order, into the first kernel it can join.
 
     A buffer may only join a kernel at or after the kernels of everything it depends on (its
     producers, and for a write-back into an input, every earlier reader of that input).
     `template(extern, lowered)`, given by a back end with templates (§9.8), says which extern
     kernels run as a template that takes pointwise epilogues: such a kernel opens a 'template'
-    group over its output's loops, which later pointwise nodes may join.
+    group over its output's loops, which later pointwise nodes may join. `cross`, for a back end
+    that prints it (the CPU's), lets a reduction that fits no kernel join one over the same
+    elements with its loops swapped (`_can_cross`).
     """
     groups: list = []
     group_of: dict = {}              # buffer name -> group index
@@ -218,6 +292,14 @@ def schedule(lowered, template=None) -> Schedule:
             if _can_join(g, buf, writes_input):
                 placed = g
                 break
+        if placed is None and cross and isinstance(buf, Reduction):
+            g = next((g for g in groups[earliest:] if _can_cross(g, buf)), None)
+            if g is not None:
+                g.cross.append(buf)
+                group_of[buf.name] = g.index
+                for r in reads:
+                    readers.setdefault(r, set()).add(g.index)
+                continue
         if placed is None:
             if isinstance(buf, ExternKernel) and template is not None and template(buf, lowered):
                 placed = FusionGroup(len(groups), "template", _node_loops(buf)[0], [])
@@ -323,6 +405,7 @@ def format_schedule(sched: Schedule) -> str:
                          f"nodes={[n.name for n in g.nodes]}  # fuses {', '.join(g.origins)}")
             continue
         shape = f"ranges={g.ranges}" + (f" reduction_ranges={g.reduction_ranges}" if g.kind == "reduction" else "")
+        shape += f" cross={[n.name for n in g.cross]}" if g.cross else ""
         lines.append(f"kernel {g.index}: {g.kind} {shape} nodes={[n.name for n in g.nodes]}  "
                      f"# fuses {', '.join(g.origins)}")
     local = sorted(sched.kernel_local)

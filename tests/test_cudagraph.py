@@ -270,6 +270,82 @@ def test_an_output_passed_twice_is_checked_each_time(fake, rng):
         f(y)
 
 
+# ---- the host path of a call with the last call's tensors (issue 13: host µs per replay) ----
+
+
+def test_same_tensors_again_still_copy_staged_inputs(fake, rng):
+    """`Recording.again`: the same tensors skip the per-input checks, but a staged input (one
+    that moved since recording) is still copied in on every call, so new values are seen."""
+    f = stax.compile(chain, mode="reduce-overhead")
+    w = cuda_randn(rng, 33)
+    f(cuda_randn(rng, 7, 33), w)
+    f(cuda_randn(rng, 7, 33), w)             # recorded, then a new address: staged
+    x = cuda_randn(rng, 7, 33)
+    for k in range(4):                       # the same tensor object, its values rewritten
+        x.copy_(stax.from_numpy((rng.standard_normal((7, 33)) + k).astype(np.float32)))
+        assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    g = graphed(f)
+    assert g.rec.again is not None and g.rec.again[0][0] is x
+    assert g.stats["copies"] == 4 and fake.copies == 4      # each of the 4 calls copied x in
+
+
+def test_same_tensors_again_after_a_layout_miss(fake, rng):
+    """A call that fails condition 2 between two calls with the remembered tensors leaves the
+    recording intact; a graph output passed in is never remembered (it must be checked)."""
+    f = stax.compile(lambda x: stax.cos(x) + 1, mode="reduce-overhead")
+    x = cuda_randn(rng, 4, 9)
+    f(x)
+    f(x)
+    f(cuda_randn(rng, 9, 4))                 # another shape: another artifact, no effect here
+    y = f(x)
+    assert graphed_calls(f)[(4, 9)].rec.again[0][0] is x
+    z = f(y)                                 # an output of ours: copied in, never remembered
+    assert graphed_calls(f)[(4, 9)].rec.again is None
+    assert_close(z.cpu(), np.cos(np.cos(np.asarray(x.cpu(), np.float64)) + 1) + 1, stax.float32)
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        f(y)
+
+
+def graphed_calls(cf):
+    return {e[0].rec.shapes[0]: e[0] for e in cf.artifacts.values()
+            if isinstance(e[0], cudagraph.GraphedCall) and e[0].rec is not None}
+
+
+_SCALE = 2.0
+
+
+def test_wrapper_memo_rechecks_what_can_change(rng):
+    """`CompiledFunction._call_again` (the call with the last call's very tensors) must still see
+    a global it reads rebound and grad switched on; each takes the full path."""
+    global _SCALE
+    _SCALE = 2.0
+
+    def fn(x):
+        return stax.sin(x) * _SCALE
+
+    cf = stax.compile(fn)
+    x = stax.tensor(rng.standard_normal((5, 3)).astype(np.float32))
+    ref = np.sin(np.asarray(x.numpy(), np.float64))
+    for _ in range(3):
+        assert_close(cf(x), ref * 2.0, stax.float32)
+    assert cf._fast is not None and cf.stats["compiles"] == 1
+    _SCALE = 3.0                             # a read rebound: a new key, compiled again
+    assert_close(cf(x), ref * 3.0, stax.float32)
+    assert cf.stats["compiles"] == 2
+    x.requires_grad_()                       # grad: the eager autograd path, not the memo
+    out = cf(x)
+    assert out.requires_grad and cf.stats["eager_calls"] == 1
+    x.requires_grad_(False)
+    with stax.no_grad():
+        assert_close(cf(x), ref * 3.0, stax.float32)
+    assert cf.stats["compiles"] == 2
+    dead = stax.tensor(rng.standard_normal((5, 3)).astype(np.float32))
+    cf(dead)
+    del dead                                 # the memo holds its tensors weakly
+    assert cf._fast[0][0]() is None
+    assert_close(cf(x), ref * 3.0, stax.float32)
+
+
 # ---- the fallback state ----
 
 

@@ -38,7 +38,8 @@ CASES = {
     "logsumexp": (lambda x: stax.logsumexp(x, -1), (X(64, 128),), 1),
     "matmul_epilogue": (lambda a, b: stax.relu(a @ b + 1), (X(16, 32), X(32, 8)), 1),
     "mlp_block": (lambda x, w, b: stax.layer_norm(stax.gelu(x @ w + b), 48), (X(16, 32), X(32, 48), X(48)), 1),
-    "reductions_over_other_dims": (lambda x: (x.sum(-1), x.sum(0)), (X(64, 128),), 2),
+    # one pass over x computes both on the CPU (issue 12 item 4: schedule._can_cross)
+    "reductions_over_other_dims": (lambda x: (x.sum(-1), x.sum(0)), (X(64, 128),), 1),
 }
 
 

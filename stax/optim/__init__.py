@@ -17,13 +17,13 @@ contiguous tensors as 1-D views, so equal counts mean one iteration space): a st
 kernel per distinct parameter size (2 for an MLP of one width: weights, biases) from one
 artifact. Sizes that differ stay separate kernels: the scheduler has no concatenating ("combo")
 kernel over unequal ranges. What changes from step to step (the learning rate,
-the bias corrections) is passed as 0-d tensors, so the key - and the artifact - stays the same and
+the bias corrections) is passed as tensors (0-d; AdamW's three in one 3-element tensor), so the key - and the artifact - stays the same and
 a second step does not recompile; hyper-parameters that stay fixed (betas, eps, momentum) are
 Python floats, specialized into the kernel text.
 
 Where to look: `_adamw_update` and `_sgd_update` (the formulas, written once and run compiled or,
 with `compiled=False`, eagerly), `Optimizer._batches` (the horizontal batching), `AdamW._step_batch`
-(bias corrections as 0-d tensors), `Optimizer.state_dict` / `load_state_dict`.
+(decay and bias corrections in one tensor), `Optimizer.state_dict` / `load_state_dict`.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import math
 
 from .. import autograd as _autograd
 from .. import tensor_ops as _t
-from ..tensor import Tensor
+from ..tensor import Meta as _Meta, Tensor
 from ..tensor import tensor as _tensor
 from ..math_ops import zeros_like as _zeros_like   # (tensor.zeros_like keeps no device)
 
@@ -42,10 +42,11 @@ __all__ = ["Optimizer", "SGD", "AdamW"]
 # ---- §5 The update formulas (torch.optim's single-tensor algorithms) ----
 
 
-def _adamw_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, decay, step_size, bc2_sqrt,
-                  beta1, beta2, eps, maximize):
-    """torch.optim.AdamW: decoupled decay, moments, bias-corrected step. `decay` = 1 - lr*wd,
-    `step_size` = -lr / (1 - beta1**step), `bc2_sqrt` = sqrt(1 - beta2**step) (0-d tensors)."""
+def _adamw_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, scalars, beta1, beta2, eps, maximize):
+    """torch.optim.AdamW: decoupled decay, moments, bias-corrected step. `scalars` holds `decay` =
+    1 - lr*wd, `step_size` = -lr / (1 - beta1**step), `bc2_sqrt` = sqrt(1 - beta2**step): one
+    3-element tensor (one host-to-device copy a step, not three)."""
+    decay, step_size, bc2_sqrt = scalars[0], scalars[1], scalars[2]
     for i, p in enumerate(params):
         g = _t.neg(grads[i]) if maximize else grads[i]
         p.mul_(decay)
@@ -57,6 +58,14 @@ def _adamw_update(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, decay, 
             second = max_exp_avg_sqs[i]
         denom = (second.sqrt() / bc2_sqrt).add_(eps)
         p.addcdiv_(exp_avgs[i], denom, value=step_size)
+
+
+def _adamw_flat(n, lists, scalars, beta1, beta2, eps, maximize, *tensors):
+    """`_adamw_update` with its lists of tensors passed as one flat run of `lists` × `n`
+    positional tensors: the compiled call's common path (a tensor per argument: its key, aliasing
+    and inputs come without walking nested lists, a step's largest host cost after the kernels)."""
+    ts = [list(tensors[k * n:(k + 1) * n]) for k in range(lists)] + [[]] * (5 - lists)
+    _adamw_update(*ts, scalars, beta1, beta2, eps, maximize)
 
 
 def _sgd_update(params, grads, bufs, fresh, neg_lr, momentum, dampening, weight_decay, nesterov, maximize):
@@ -78,9 +87,10 @@ def _sgd_update(params, grads, bufs, fresh, neg_lr, momentum, dampening, weight_
 # ---- The optimizer base: param groups, batching, state_dict ----
 
 
-def _scalar(value: float, like: Tensor) -> Tensor:
-    """A 0-d float32 tensor on `like`'s device: an input of the compiled step (no recompile when
-    it changes; a 0-d tensor does not promote a float16 parameter)."""
+def _scalar(value, like: Tensor) -> Tensor:
+    """A 0-d float32 tensor (or 1-D, of a list of values) on `like`'s device: an input of the
+    compiled step (no recompile when it changes; a 0-d tensor, or an element of one, does not
+    promote a float16 parameter)."""
     from ..dtypes import float32
     return _tensor(value, dtype=float32, device=like.device)
 
@@ -105,6 +115,16 @@ def _flat(t: Tensor) -> Tensor:
     """`t.reshape(-1)` of a contiguous tensor, without the general reshape's stride search."""
     n = t.numel()
     return t if t.ndim == 1 else _t._view(t, "reshape", {"shape": (n,)}, (n,), (1,), t._meta.offset)
+
+
+def _flat_alias(g: Tensor) -> Tensor:
+    """`_flat(g.detach())` of a contiguous gradient in one step: a fresh tensor over its storage
+    (no autograd history, as detach gives), without building the detached tensor and the view."""
+    m = g._meta
+    if len(m.shape) == 1 and not g.requires_grad and g.grad_fn is None:
+        return g
+    n = g.numel()
+    return Tensor._make(g._storage, _Meta((n,), (1,), m.dtype, m.device, m.offset))
 
 
 class Optimizer:
@@ -164,7 +184,8 @@ class Optimizer:
         for p in group["params"]:
             if p.grad is None:                     # PyTorch skips it: no update, no state
                 continue
-            if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device != p.device:
+            pm, gm = p._meta, p.grad._meta
+            if gm.shape != pm.shape or gm.dtype != pm.dtype or gm.device != pm.device:
                 raise ValueError(f"{type(self).__name__}.step: a gradient {p.grad.dtype.name}{list(p.grad.shape)} "
                                  f"on {p.grad.device} is set on a parameter {p.dtype.name}{list(p.shape)} on "
                                  f"{p.device}; a gradient must match its parameter's shape, dtype and device")
@@ -190,7 +211,7 @@ class Optimizer:
         _, views, flat = cached
         if not builtins.all(g.is_contiguous() for g, f in zip(grads, flat) if f):
             return _flat_views(params, grads, *states)      # a gradient laid out unlike its parameter
-        grad_views = [_flat(g.detach()) if f else g.detach() for g, f in zip(grads, flat)]
+        grad_views = [_flat_alias(g) if f else g.detach() for g, f in zip(grads, flat)]
         return [views[0], grad_views, *views[1:]]
 
     def step(self, closure=None):
@@ -284,7 +305,7 @@ class SGD(Optimizer):
 class AdamW(Optimizer):
     """torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
     amsgrad=False, maximize=False). `compiled=False` runs the same formulas eagerly."""
-    _update = staticmethod(_adamw_update)
+    _update = staticmethod(_adamw_flat)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False,
                  maximize=False, *, compiled: bool = True):
@@ -311,10 +332,9 @@ class AdamW(Optimizer):
             s["step"] += 1
         step, (b1, b2), lr = states[0]["step"], g["betas"], g["lr"]
         # the step count enters as 0-d tensors (Python floats in the key would recompile every step)
-        decay = _scalar(1 - lr * g["weight_decay"], batch[0])
-        step_size = _scalar(-lr / (1 - b1 ** step), batch[0])
-        bc2_sqrt = _scalar(math.sqrt(1 - b2 ** step), batch[0])
+        scalars = _scalar([1 - lr * g["weight_decay"], -lr / (1 - b1 ** step), math.sqrt(1 - b2 ** step)], batch[0])
         maxes = [s["max_exp_avg_sq"] for s in states] if g["amsgrad"] else []
-        self._fn(*self._views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
-                              [s["exp_avg_sq"] for s in states], maxes), decay, step_size, bc2_sqrt,
-                 float(b1), float(b2), float(g["eps"]), bool(g["maximize"]))
+        lists = [ts for ts in self._views(batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+                                          [s["exp_avg_sq"] for s in states], maxes) if ts]
+        self._fn(len(batch), len(lists), scalars, float(b1), float(b2), float(g["eps"]), bool(g["maximize"]),
+                 *[t for ts in lists for t in ts])
