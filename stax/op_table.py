@@ -13,7 +13,7 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, conv2d, cumsum, sort, nonzero, unique),
+                                               scans, fallbacks (matmul, conv2d, sort, nonzero, unique),
                                                index / index_put (gathers and scatters), scatters
   - Philox4x32-10 (dropout's counter-based stream) ... philox_uniform, _philox_rand
   - the eager random state ................... manual_seed (tensor.py re-exports it)
@@ -45,8 +45,8 @@ class OpDef:
     """One primitive op.
 
     kind:   "unary" | "binary" (pointwise math with a dtype rule), "pointwise" (where, to_dtype,
-            clone: elementwise with their own lowering), "view", "reduction", "factory", "other"
-            (matmul, cumsum, cat, nonzero, unique), "scatter" (graph-only: capture's
+            clone: elementwise with their own lowering), "view", "reduction", "scan" (cumsum,
+            cumprod, logcumsumexp), "factory", "other" (matmul, cat, nonzero, unique), "scatter" (graph-only: capture's
             functionalized writes through views; no eager implementation)
     arity:  number of inputs (cat's one input is a list of tensors; -1: any number)
     dtype:  unary/binary output dtype rule: "same" keeps the promoted dtype, "float" turns int/bool
@@ -354,11 +354,12 @@ OPS = {d.name: d for d in [
     OpDef("philox_rand", "factory", 0, _philox_rand, fallback=True),
     # the rest: cat is lowered (masked loads); the others are fallback kernels (§6.1),
     # nonzero and unique because their output sizes depend on the data
-    OpDef("cumsum", "other", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
-          cast_inputs=True, fallback=True),
-    OpDef("cumprod", "other", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
-          cast_inputs=True, fallback=True),
-    OpDef("logcumsumexp", "other", 1, _logcumsumexp, cast_inputs=True, fallback=True),
+    # scans (§6, ir.Scan): lowered as a loop along the dim (C++) or tl.associative_scan (Triton)
+    OpDef("cumsum", "scan", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
+          cast_inputs=True),
+    OpDef("cumprod", "scan", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
+          cast_inputs=True),
+    OpDef("logcumsumexp", "scan", 1, _logcumsumexp, cast_inputs=True),
     OpDef("sort", "other", 1, _sort, fallback=True),
     OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
