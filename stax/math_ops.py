@@ -3,15 +3,15 @@ sorting and scans, factories, in-place forms and keyword aliases.
 
 Layer: above tensor_ops.py and shape_ops.py; below the package (`stax.<name>`) and stax/nn. Like
 tensor_ops.py, each function either hands one primitive of op_table.py to the choke point
-(`atan2`, `fmod`, the fallbacks `sort`/`argsort`/`cumprod`/`logcumsumexp`, the factories `randint`
+(`atan2`, `fmod`, the scans `cumprod`/`logcumsumexp`, the fallbacks `sort`/`argsort`, the factories `randint`
 and `philox_rand`) or is a composite of public functions that traces into primitives the §6
 lowering fuses: `lerp`, `addcmul`, `isclose`, `masked_fill` are pointwise; `any`, `all`, `norm`,
 `var_mean` are reductions; `einsum` is permutes, reshapes, one `matmul` per operand pair and sums.
 Consumes Tensors and Python scalars; produces Tensors.
 
-Where the §6.1 fallbacks are: `sort`, `argsort` (and `topk`, a sort then a slice), `cumprod`,
-`logcumsumexp` (as `cumsum` already was) run their numpy implementation in an extern kernel;
-`where(cond)` is `nonzero` (an output size that depends on the data).
+Where the §6.1 fallbacks are: `sort`, `argsort` (and `topk`, a sort then a slice) run their numpy
+implementation in an extern kernel; `where(cond)` is `nonzero` (an output size that depends on the
+data). `cumprod` and `logcumsumexp` (like `cumsum`) are scans, lowered as an ir.Scan (lower_scan.py).
 
 Where to look:
   - pointwise composites:    square, atan2, fmod, lerp, addcmul, addcdiv, clamp_min/max, masked_fill,
@@ -291,7 +291,7 @@ def einsum(equation, *operands):
     return permute(acc, [sa.index(c) for c in out]) if sa != out else acc
 
 
-# ---- Sorting and scans (§6.1 fallback kernels; cumsum is one already) ----
+# ---- Sorting (§6.1 fallback kernels) and scans (§6 ir.Scan, as cumsum) ----
 
 _sort_ret = namedtuple("sort", "values indices")
 _topk_ret = namedtuple("topk", "values indices")
