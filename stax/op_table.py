@@ -133,7 +133,7 @@ def _wrapped_indices(indices, shape, dims, op):
     out = []
     for i, d in zip(np.broadcast_arrays(*indices), dims):
         n = shape[d]
-        w = np.where(i < 0, i + n, i).astype(np.int64)
+        w = (i if op in TARGET_INDEX_OPS else np.where(i < 0, i + n, i)).astype(np.int64)
         bad = (w < 0) | (w >= n)
         if bad.any():
             raw = int(i.reshape(-1)[np.argmax(bad.reshape(-1))])
@@ -142,8 +142,15 @@ def _wrapped_indices(indices, shape, dims, op):
     return out
 
 
+# index ops whose indices are class targets (nll_loss / cross_entropy's pick): a negative target is
+# out of range, not wrapped, and the message is PyTorch's for a target
+TARGET_INDEX_OPS = frozenset({"nll_loss"})
+
+
 def index_message(op, dim) -> str:
     """The IndexError text of an out-of-range index (eager, the C++ wrapper), `{}`s: index, size."""
+    if op in TARGET_INDEX_OPS:
+        return "Target {} is out of bounds."
     return f"{op}(): index {{}} is out of bounds for dimension {dim} with size {{}}"
 
 
