@@ -896,7 +896,8 @@ def _column_pass(k, nodes, xvars, rvars, block, rnames, rsizes) -> list:
 
 # ---- §8 Scans: a sequential loop along the scanned dim, threads (and SIMD lanes) across the others ----
 
-_SCAN_COMBINE = {"cumsum": "{a} + {v}", "cumprod": "{a} * {v}", "logcumsumexp": "stax_logaddexp({a}, {v})"}
+_SCAN_COMBINE = {"cumsum": "{a} + {v}", "cumprod": "{a} * {v}", "logcumsumexp": "stax_logaddexp({a}, {v})",
+                 "cummax": "stax_max({a}, {v})", "cummin": "stax_min({a}, {v})"}
 
 
 def _scan_body(k, xvars, rvars, acc: str) -> list:

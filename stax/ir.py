@@ -377,13 +377,15 @@ class Scan(Reduction):
         return list(index[:self.dim]) + list(rindex) + list(index[self.dim:])
 
 
-# a scan's combine, by op: its identity (the running value before the first element; -0.0 for a
+# a scan's combine, by op: its identity (a reduction's name: that reduction's) (the running value before the first element; -0.0 for a
 # float sum: -0.0 + x is x for every x, so the first element is copied bit for bit)
-SCAN_COMBINE = {"cumsum": 0, "cumprod": 1, "logcumsumexp": float("-inf")}
+SCAN_COMBINE = {"cumsum": 0, "cumprod": 1, "logcumsumexp": float("-inf"), "cummax": "amax", "cummin": "amin"}
 
 
 def scan_identity(scan_type: str, dtype):
     ident = SCAN_COMBINE[scan_type]
+    if isinstance(ident, str):           # max / min: the reduction's identity in this dtype
+        return reduction_identity(ident, dtype)
     if scan_type == "cumsum" and dtype.is_floating_point:
         return -0.0
     return ident

@@ -1,4 +1,4 @@
-"""§6 Lowering scans: cumsum, cumprod and logcumsumexp as an `ir.Scan` over any dim.
+"""§6 Lowering scans: cumsum, cumprod, logcumsumexp, cummax, cummin as an `ir.Scan` over any dim.
 
 Layer: middle, under lower.py (which calls `lower_scan` for the op_table entries of kind "scan")
 and above ir.py (`Scan`, `compute_dtype`). It consumes the lowering Value of the scanned tensor
@@ -8,8 +8,8 @@ plus the loader its readers use; lower.py wraps that in a Value.
 The Scan's body is the input's loader, so pointwise producers are inlined into it (a fused
 prologue: `cumsum(x * 2)` reads x once); pointwise consumers of the result join its kernel in
 schedule.py when they read it at the element being computed (a fused epilogue). The running value
-is kept in the accumulation dtype: int64 for integer and bool inputs (PyTorch's rule, which the
-node's dtype already holds), float32 for half types (§6.2), the input's float dtype otherwise.
+is kept in the accumulation dtype: int64 for integer and bool inputs of sums and products
+(PyTorch's rule, which the node's dtype already holds; cummax/cummin keep the input's), float32 for half types (§6.2), the input's float dtype otherwise.
 
   - a scan over a dim of size 1 (or of an empty tensor) is its input, converted: a pointwise value;
   - otherwise `Scan(ranges = the other dims, reduction_ranges = [n], dim)` over the output's

@@ -46,7 +46,7 @@ class OpDef:
 
     kind:   "unary" | "binary" (pointwise math with a dtype rule), "pointwise" (where, to_dtype,
             clone: elementwise with their own lowering), "view", "reduction", "scan" (cumsum,
-            cumprod, logcumsumexp), "factory", "other" (matmul, cat, nonzero, unique), "scatter" (graph-only: capture's
+            cumprod, logcumsumexp, cummax, cummin), "factory", "other" (matmul, cat, nonzero, unique), "scatter" (graph-only: capture's
             functionalized writes through views; no eager implementation)
     arity:  number of inputs (cat's one input is a list of tensors; -1: any number)
     dtype:  unary/binary output dtype rule: "same" keeps the promoted dtype, "float" turns int/bool
@@ -273,6 +273,13 @@ def _logcumsumexp(x, dim):
     return np.logaddexp.accumulate(x, axis=dim)
 
 
+def _repeat_index(repeats):
+    """repeat_interleave's index: each position k of `repeats` (1-D ints) repeats[k] times."""
+    if repeats.size and repeats.min() < 0:
+        raise RuntimeError("repeats can not be negative")
+    return np.repeat(np.arange(repeats.shape[0], dtype=np.int64), repeats)
+
+
 def _fmod(a, b):
     return np.fmod(a, b)
 
@@ -367,6 +374,9 @@ OPS = {d.name: d for d in [
     OpDef("cumprod", "scan", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
           cast_inputs=True),
     OpDef("logcumsumexp", "scan", 1, _logcumsumexp, cast_inputs=True),
+    # the running max / min (NaN propagates); math_ops.cummax adds the indices (a second scan)
+    OpDef("cummax", "scan", 1, lambda x, dim: np.maximum.accumulate(x, axis=dim) if x.ndim else x.copy()),
+    OpDef("cummin", "scan", 1, lambda x, dim: np.minimum.accumulate(x, axis=dim) if x.ndim else x.copy()),
     OpDef("sort", "other", 1, _sort, fallback=True),
     OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
@@ -381,6 +391,7 @@ OPS = {d.name: d for d in [
     OpDef("index_put", "other", -1, _index_put),
     # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
     OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
+    OpDef("repeat_interleave", "other", 1, _repeat_index, fallback=True),
     OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
           fallback=True),
     OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],

@@ -10,7 +10,7 @@ return None, so the same names map to `tl` functions the interpreter implements.
 
 Where to look: `maximum`/`minimum` (NaN-propagating), `max2`/`min2`/`prod` (row reductions),
 `max_with_index`/`min_with_index` (argmax/argmin: first index wins ties, NaN counts as largest),
-`floordiv`/`remainder` (Python signs), `cumsum`/`cumprod`/`logcumsumexp` (block scans along a dim,
+`floordiv`/`remainder` (Python signs), `cumsum`/`cumprod`/`logcumsumexp`/`cummax`/`cummin` (block scans along a dim,
 `tl.associative_scan`) and `logaddexp` (their carry's combine), `libdevice`.
 """
 import os
@@ -165,6 +165,16 @@ def cumprod(a, dim):
 @triton.jit
 def logcumsumexp(a, dim):
     return tl.associative_scan(a, dim, logaddexp)
+
+
+@triton.jit
+def cummax(a, dim):
+    return tl.associative_scan(a, dim, maximum)
+
+
+@triton.jit
+def cummin(a, dim):
+    return tl.associative_scan(a, dim, minimum)
 
 
 # ---- argmax / argmin: (value, index) pairs ----

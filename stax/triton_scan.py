@@ -1,4 +1,4 @@
-"""§9.4 Scan kernels for the GPU: cumsum, cumprod and logcumsumexp as `tl.associative_scan`.
+"""§9.4 Scan kernels for the GPU: cumsum, cumprod, logcumsumexp, cummax, cummin as `tl.associative_scan`.
 
 Layer: back end (GPU), beside triton_reduction.py and above the kernel writer (`triton_kernel`'s
 `TritonKernel`, `TritonPrinter`, `setup_axes` / `axis_lines` / `var_lines`); codegen_triton.py calls
@@ -31,9 +31,9 @@ from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, literal, num
 PERSISTENT_LIMIT = 1024          # a row of up to this many elements is scanned in registers
 
 # the block scan along dim 1 of [XBLOCK, R0_BLOCK], and the combine of a carry with it
-SCAN_FN = {"cumsum": "triton_helpers.cumsum({v}, 1)", "cumprod": "triton_helpers.cumprod({v}, 1)",
-           "logcumsumexp": "triton_helpers.logcumsumexp({v}, 1)"}
-_CARRY = {"cumsum": "({a} + {v})", "cumprod": "({a} * {v})", "logcumsumexp": "triton_helpers.logaddexp({a}, {v})"}
+SCAN_FN = {op: f"triton_helpers.{op}({{v}}, 1)" for op in ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")}
+_CARRY = {"cumsum": "({a} + {v})", "cumprod": "({a} * {v})", "logcumsumexp": "triton_helpers.logaddexp({a}, {v})",
+          "cummax": "triton_helpers.maximum({a}, {v})", "cummin": "triton_helpers.minimum({a}, {v})"}
 
 
 def _scan_form(k) -> tuple:

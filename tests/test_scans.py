@@ -182,6 +182,44 @@ def test_scan_triton_dtypes_and_specials(rng):
     assert_close(outs[5].cpu(), np.cumsum(_f64(h), 1) * 2, stax.float16)
 
 
+# ---- cummax / cummin: the running value (a scan) and PyTorch's indices (a second scan) ----
+
+
+def _cum_extreme_ref(a, d, largest):
+    """PyTorch's cummax/cummin loop: an element replaces the running value when it is NaN, or
+    >= it (<= for cummin) while the running value is not NaN; the index is that element's."""
+    a = np.moveaxis(a, d, -1)
+    v, idx = np.empty_like(a), np.zeros(a.shape, np.int64)
+    for pos in np.ndindex(a.shape[:-1]):
+        out, k = a[pos][0], 0
+        for i, e in enumerate(a[pos]):
+            if np.isnan(e) or (not np.isnan(out) and (e >= out if largest else e <= out)):
+                out, k = e, i
+            v[pos][i], idx[pos][i] = out, k
+    return np.moveaxis(v, -1, d), np.moveaxis(idx, -1, d)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_cummax_cummin(device, rng):
+    a = rng.integers(0, 4, (5, 40)).astype(np.float32)        # ties
+    a[1, 3], a[1, 6], a[2, 0], a[3, 9] = np.nan, np.nan, np.inf, -np.inf
+    i = rng.integers(-9, 9, (7, 3)).astype(np.int32)
+    b = rng.random((4, 6)) < 0.5
+    f = lambda a, i, b: (stax.cummax(a, 1), stax.cummin(a, 0), a.cummax(dim=0), stax.cummin(i, 0),
+                         stax.cummax(b, 1))
+    refs = (_cum_extreme_ref(a, 1, True), _cum_extreme_ref(a, 0, False), _cum_extreme_ref(a, 0, True),
+            _cum_extreme_ref(i.astype(np.float64), 0, False), (np.maximum.accumulate(b, 1), None))
+    args = [stax.from_numpy(t) for t in (a, i, b)]
+    for run in (f, stax.compile(f)):
+        outs = run(*[t.to(device) for t in args]) if run is not f else f(*args)
+        for (values, indices), (rv, ri) in zip(outs, refs):
+            assert indices.dtype is stax.int64
+            np.testing.assert_array_equal(values.cpu().numpy().astype(np.float64), np.asarray(rv, np.float64))
+            if ri is not None:
+                np.testing.assert_array_equal(indices.cpu().numpy(), ri)
+    assert outs[3].values.dtype is stax.int32 and outs[4].values.dtype is stax.bool
+
+
 # ---- goldens: a cumsum with a fused prologue, per back end ----
 
 
