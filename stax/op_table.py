@@ -391,7 +391,7 @@ OPS = {d.name: d for d in [
     OpDef("index_put", "other", -1, _index_put),
     # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
     OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
-    OpDef("repeat_interleave", "other", 1, _repeat_index, fallback=True),
+    OpDef("repeat_index", "other", 1, _repeat_index, fallback=True),     # repeat_interleave's index
     OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
           fallback=True),
     OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],

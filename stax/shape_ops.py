@@ -127,7 +127,7 @@ def tile(x, dims):
 def repeat_interleave(x, repeats, dim=None, *, output_size=None):
     """Each element `repeats` times in a row: an int (a broadcast view, reshaped), or a tensor of
     counts, one per element along `dim` (or one for all). A tensor's output size depends on the
-    data: the index `repeat_interleave(repeats)` is a §6.1 fallback kernel with an unbacked size
+    data: the index `repeat_index(repeats)` is a §6.1 fallback kernel with an unbacked size
     (§10.5), and the rows are an index_select through it."""
     if dim is None:
         x, dim = reshape(x, (-1,)), 0
@@ -143,7 +143,7 @@ def repeat_interleave(x, repeats, dim=None, *, output_size=None):
             raise RuntimeError(f"repeats must have the same size as input along dim, but got "
                                f"repeats.size(0) = {repeats.shape[0]} and input.size({dim}) = {n}")
         from .indexing import _index
-        index = _op("repeat_interleave", [repeats], {}, _meta((None,), int64, repeats.device))
+        index = _op("repeat_index", [repeats], {}, _meta((None,), int64, repeats.device))
         return _index(x, [index], [dim], dim, "index_select")
     y = unsqueeze(x, dim + 1)
     shape = list(y.shape)
