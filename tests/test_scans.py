@@ -129,11 +129,15 @@ def test_scan_non_contiguous_inputs(rng):
         assert_close(o, r.astype(np.float64), stax.float32)
 
 
-def test_scan_dynamic_sizes(rng):
-    f = stax.compile(lambda x: stax.cumsum(x + 1, -1) * 3, dynamic=True)
-    for n in (9, 1000, 33):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_scan_dynamic_sizes(device, rng):
+    """§10.3: symbolic sizes; the column blocks of a scan over dim 0 take a remainder branch."""
+    f = stax.compile(lambda x: (stax.cumsum(x + 1, -1) * 3, stax.cumprod(x * 0.1 + 1, 0)), dynamic=True)
+    for n in (9, 1030, 33):
         a = rng.standard_normal((3, n)).astype(np.float32)
-        assert_close(f(stax.from_numpy(a)), np.cumsum(a.astype(np.float64) + 1, -1) * 3, stax.float32)
+        s, p = f(stax.from_numpy(a).to(device))
+        assert_close(s.cpu(), np.cumsum(a.astype(np.float64) + 1, -1) * 3, stax.float32)
+        assert_close(p.cpu(), np.cumprod(a.astype(np.float64) * 0.1 + 1, 0), stax.float32)
 
 
 # ---- Triton (through the interpreter where there is no GPU) ----
