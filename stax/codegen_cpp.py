@@ -22,6 +22,8 @@ Where to look:
   - `_pointwise_kernel` .................. OpenMP outer loop, `omp simd` inner loop, 2-D tiles for transposes
   - `_reduction_kernel`, `_reduction_loop`  one pass over each row per phase; 16-lane accumulators
   - `_column_kernel` ..................... reductions over outer/middle dims: lanes own output columns
+  - `_scan_kernel`, `_scan_body` ......... scans: a sequential loop along the dim, rows (or column
+                                           blocks, one SIMD lane per column) across threads
   - `_wrapper` ........................... the Python `call(args)` (§7.5 lifetimes as `del`)
   - `generate(schedule)` ................. the entry point
 """
@@ -37,8 +39,8 @@ import sympy
 from . import cache
 from .cache import storage_ctype
 from .dtypes import bfloat16, bool_, float16, float32, float64, int64
-from .ir import (Reduction, Scatter, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity, set_handler,
-                 simplify_index)
+from .ir import (Reduction, Scan, Scatter, compute_dtype, indirect_symbol, index_vars, merge_dims, reduction_identity,
+                 scan_identity, set_handler, simplify_index)
 from .schedule import all_indices, cross_orientation, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import IndexPrinter, Printer, Var
@@ -976,6 +978,67 @@ def _cross_kernel(k, xvars, rvars) -> list:
     return lines + [_for(col, columns) + " {"] + ["    " + x for x in out] + ["}"]
 
 
+# ---- §8 Scans: a sequential loop along the scanned dim, threads (and SIMD lanes) across the others ----
+
+_SCAN_COMBINE = {"cumsum": "{a} + {v}", "cumprod": "{a} * {v}", "logcumsumexp": "stax_logaddexp({a}, {v})",
+                 "cummax": "stax_max({a}, {v})", "cummin": "stax_min({a}, {v})"}
+
+
+def _scan_body(k, xvars, rvars, acc: str) -> list:
+    """One element of a scan group: the Scan's input folded into the running value `acc` (in index
+    order along the dim: the order eager's numpy accumulates in, so float results match bit for
+    bit), stored; then the epilogues, which read the running value (rounded as stored)."""
+    p, stores = k.printer(), []
+    for n in k.group.nodes:
+        _, value = k.body(n, xvars, rvars, printer=p)
+        if isinstance(n, Scan):
+            p.lines.append(f"{acc} = " + _SCAN_COMBINE[n.reduction_type].format(a=acc, v=value) + ";")
+            value = Var(acc, n.src_dtype)
+            k.locals[n.name] = p.to_dtype(value, n.dtype) if n.dtype in (float16, bfloat16) else value
+        else:
+            k.locals[n.name] = value
+        if n.name not in k.sched.kernel_local:
+            stores.append(k.store(n, value, xvars, rvars))
+    for n in k.group.nodes:
+        k.locals.pop(n.name, None)
+    return p.lines + stores
+
+
+def _scan_kernel(k: CppKernel) -> list:
+    """A 'scan' group: per row of the other dims (OpenMP threads across rows), a loop along the
+    scanned dim carrying the running value. When the loads run contiguously along the innermost
+    other dim (a scan over an outer dim), columns go in blocks: lane l of `acc_NAME[l]` owns column
+    l and the innermost loop (`omp simd`) runs across the block, as in `_column_kernel`."""
+    g = k.group
+    xvars, rvars, (xnames, xsizes), (rnames, rsizes) = _loop_nest(k, g.ranges, g.reduction_ranges)
+    scan = g.nodes[0]
+    t, init = ctype(scan.src_dtype), cliteral(scan_identity(scan.reduction_type, scan.src_dtype), scan.src_dtype)
+    total = _numel(xsizes) * _numel(rsizes)
+    parallel = bool(xnames) and not (total.is_Integer and int(total) < PARALLEL_MIN)
+    along = [_for(rnames[0], rsizes[0]) + " {"]
+    if _is_column_reduction(k, xvars, rvars, xnames, rnames):
+        xb = _column_block(xsizes, parallel, k.sched.lowered.hints)
+        xi, inner = xnames[-1], sympy.sympify(xsizes[-1])
+        n = str(xb) if inner.is_Integer and int(inner) % xb == 0 else f"{xi}_n"
+        row = [] if n == str(xb) else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
+        row += [f"{t} acc_{scan.name}[{xb}];", f"for (int l = 0; l < {xb}; l++) acc_{scan.name}[l] = {init};"]
+        row += along + ["    " + s for s in _column_loop(xi, n, _scan_body(k, xvars, rvars, f"acc_{scan.name}[l]"),
+                                                          simd=True)] + ["}"]
+        loops_x = [_for(v, s) for v, s in zip(xnames[:-1], xsizes[:-1])] + [_for(f"{xi}_block", inner, step=xb)]
+    else:
+        row = [f"{t} acc_{scan.name} = {init};"] + along
+        row += ["    " + s for s in "\n".join(_scan_body(k, xvars, rvars, f"acc_{scan.name}")).split("\n")] + ["}"]
+        loops_x = [_for(v, s) for v, s in zip(xnames, xsizes)]
+    lines = []
+    if parallel:
+        lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(loops_x) if len(loops_x) > 1 else ''}"
+                     + _omp_if(total))
+    for d, text in enumerate(loops_x):
+        lines.append("    " * d + text + " {")
+    lines += ["    " * len(loops_x) + line for line in "\n".join(row).split("\n")]
+    return lines + ["    " * d + "}" for d in range(len(loops_x) - 1, -1, -1)]
+
+
 # ---- §7.5 The wrapper, and the module ----
 
 # appended to the prelude in every kernel file: the thread count the wrapper sets from stax.set_num_threads
@@ -1057,7 +1120,8 @@ def generate(sched) -> CppModule:
             new.add(e.name)
         else:
             k = CppKernel(f"cpp_fused_{len(kernels)}", g, sched)
-            loops = _pointwise_kernel(k) if g.kind == "pointwise" else _reduction_kernel(k)
+            loops = _pointwise_kernel(k) if g.kind == "pointwise" else \
+                _scan_kernel(k) if g.kind == "scan" else _reduction_kernel(k)
             src, cdef, params, syms = k.finish(loops)
             kernels[k.name], _ = src, cdefs.append(cdef)
             for name in params:

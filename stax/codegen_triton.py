@@ -15,6 +15,7 @@ Where to look:
   - `split_policy` ....................... Alg. 6.1 on the GPU: split when outputs cannot fill the SMs
   - `triton_kernel.py` ................... §9.1–9.3 the printer, tiling, pointwise kernels
   - `triton_reduction.py` ................ §9.4–9.5 reduction kernels (Listings 9.1, 9.4, 9.5)
+  - `triton_scan.py` ..................... scans (cumsum, ...): tl.associative_scan, looped with a carry
   - `templates.py` ....................... §9.8 the matmul kernel
   - `conv_template.py` ................... §9.8 the convolution kernel (implicit GEMM)
   - `_wrapper` ........................... Listing 9.6
@@ -35,6 +36,7 @@ from .templates import mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
+from .triton_scan import scan_kernel
 from .wrapper import (extern_call, pydtype, pyint, pylit, pyname, pyshape, pysize, wrapper_launches,
                       wrapper_prologue)
 
@@ -157,6 +159,8 @@ def _fused_kernel(index: int, g, sched) -> tuple:
     k = TritonKernel(index, g, sched)
     if g.kind == "pointwise":
         form, lines, hint = pointwise_kernel(k)
+    elif g.kind == "scan":           # §9.4-style: tl.associative_scan along the r0_ axis
+        form, lines, hint = scan_kernel(k)
     elif outer_applies(k):           # §9.4 OUTER: reads across rows, coalesced along the outputs
         form, lines, hint = outer_reduction_kernel(k)
     else:

@@ -267,6 +267,19 @@ STAX_INLINE double stax_sigmoid(double x) {
 template <class T> STAX_INLINE T stax_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <class T> STAX_INLINE T stax_min(T a, T b) { return (a != a || a < b) ? a : b; }
 
+// logaddexp (logcumsumexp's combine), as numpy's npy_logaddexp: equal operands (+-inf too) give
+// a + log 2, NaN propagates; libm's exp/log1p, since a scan's loop is sequential anyway.
+STAX_INLINE float stax_logaddexp(float a, float b) {
+    if (a == b) return a + 0.693147180559945309417232121458176568f;
+    float d = a - b;
+    return d > 0 ? a + log1pf(expf(-d)) : (d <= 0 ? b + log1pf(expf(d)) : d);
+}
+STAX_INLINE double stax_logaddexp(double a, double b) {
+    if (a == b) return a + 0.693147180559945309417232121458176568;
+    double d = a - b;
+    return d > 0 ? a + log1p(exp(-d)) : (d <= 0 ? b + log1p(exp(d)) : d);
+}
+
 // relu: x < 0 ? 0 : x (NaN -> NaN).
 template <class T> STAX_INLINE T stax_relu(T x) { return x < T(0) ? T(0) : x; }
 

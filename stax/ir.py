@@ -17,8 +17,9 @@ Where to look:
   - `index_vars`, `FloorDiv`, `ModularIndexing` index expressions (loop variables, //, %)
   - `ops.indirect_indexing`, `indirect_symbol` a loaded integer as an index (gathers, scatters)
   - `index_bounds`, `simplify_index` ........ §6.8 interval reasoning over loop ranges
-  - `Layout`, `InputBuffer`, `Pointwise`, `Scatter`, `Reduction`, `ExternKernel`, `ReinterpretView`,
-    `LoweredGraph` .......................... the IR nodes and the lowered graph
+  - `Layout`, `InputBuffer`, `Pointwise`, `Scatter`, `Reduction`, `Scan`, `ExternKernel`,
+    `ReinterpretView`, `LoweredGraph` ........ the IR nodes and the lowered graph
+  - `SCAN_COMBINE`, `scan_identity` ......... a scan's combine (cumsum, cumprod, logcumsumexp) and start
   - `reduction_identity`, `compute_dtype` ... a reduction's identity per dtype; §6.2 half compute
   - `LoadCollector`, `IndexCollector` ....... handlers recording loads / every index (§7.1, Prop. 6.3)
   - `format_buffer`, `format_ir` ............ the IR printer (STAX_LOGS=ir)
@@ -361,6 +362,36 @@ class Reduction:
 
 
 @dataclass(eq=False)
+class Scan(Reduction):
+    """§6 an inclusive scan along one dim (Inductor's `ops.scan(dtypes, combine_fn, values)`, with
+    Stax's combines named): out[index, r] = combine_{r' <= r} inner_fn(index, r'), `reduction_type`
+    ∈ SCAN_COMBINE, `reduction_ranges` the one scanned dim, `ranges` the others in order.
+
+    Unlike a Reduction it stores one value per element: `layout` is the whole output's, and
+    `full_index(index, rindex)` puts the scanned dim (`dim`) back among the others to name the
+    element. The combine is associative, so any bracketing computes the same prefix (the C++ kernel
+    folds in index order, as eager does; Triton's associative_scan folds a tree)."""
+    dim: int = 0
+
+    def full_index(self, index, rindex) -> list:
+        return list(index[:self.dim]) + list(rindex) + list(index[self.dim:])
+
+
+# a scan's combine, by op: its identity (a reduction's name: that reduction's) (the running value before the first element; -0.0 for a
+# float sum: -0.0 + x is x for every x, so the first element is copied bit for bit)
+SCAN_COMBINE = {"cumsum": 0, "cumprod": 1, "logcumsumexp": float("-inf"), "cummax": "amax", "cummin": "amin"}
+
+
+def scan_identity(scan_type: str, dtype):
+    ident = SCAN_COMBINE[scan_type]
+    if isinstance(ident, str):           # max / min: the reduction's identity in this dtype
+        return reduction_identity(ident, dtype)
+    if scan_type == "cumsum" and dtype.is_floating_point:
+        return -0.0
+    return ident
+
+
+@dataclass(eq=False)
 class ExternKernel:
     """§6.1 fallback kernel: an op the compiler does not lower, run by the eager implementation."""
     name: str
@@ -509,7 +540,7 @@ def format_buffer(buf) -> str:
         else:
             ridx = index_vars("r0_", len(buf.reduction_ranges))
             result = buf.inner_fn(idx, ridx)
-            head = (f"{buf.name} = Reduction({buf.reduction_type}, ranges={list(buf.ranges)}, "
+            head = (f"{buf.name} = {type(buf).__name__}({buf.reduction_type}, ranges={list(buf.ranges)}, "
                     f"reduction_ranges={list(buf.reduction_ranges)}, dtype={buf.dtype.name})")
             sig = "def inner_fn(index, rindex):"
             unpack = "\n".join(

@@ -15,6 +15,7 @@ Where to look:
   - writes through views (slice/select_scatter) ..... `_lower_scatter`
   - gathers and scatters (index, index_put) ....... lower_index.py; `_Lowering.index_put`
   - reductions .................................... `_lower_reduction`
+  - scans (cumsum, cumprod, logcumsumexp) ........... lower_scan.py
   - split reductions (§6.5, Alg. 6.1) ............... `split_reduction`, `_apply_split_policy`
   - var/std read once: deviations in pieces ......... `chunk_deviations`, `_chunked_deviation`
   - fallback kernels (§6.1) ......................... `FALLBACK_OPS`, `strided_view` (inputs in place)
@@ -33,6 +34,7 @@ from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
                  simplify_index, with_origin)
 from .lower_index import gather_loader, index_position_fn, scatter_in_place
+from .lower_scan import lower_scan
 from .op_table import OPS
 from .tensor import Meta, Tensor, result_type
 
@@ -44,6 +46,7 @@ _UNARY = {name for name, d in OPS.items() if d.kind == "unary"}
 _BINARY = {name for name, d in OPS.items() if d.kind == "binary"}
 _FLOAT_ONLY = {name for name, d in OPS.items() if d.float_only}
 _VIEWS = {name for name, d in OPS.items() if d.kind == "view"}
+_SCANS = {name for name, d in OPS.items() if d.kind == "scan"}
 
 
 # ---- §6 Values during lowering: a loader (index -> ops value) with a shape and a dtype ----
@@ -719,6 +722,9 @@ class _Lowering:
             parts = _deviation_parts(node, self.env) if len(self.buffers) > emitted else None
             if parts is not None:
                 self.buffers[-1].deviation = parts
+        elif op in _SCANS:              # an ir.Scan, its producers inlined (lower_scan.py)
+            loader, cost, name = lower_scan(node, args[0], self.new_name, self.emit)
+            v = Value(tuple(node.meta.shape), node.meta.dtype, loader, buffer=name, cost=cost)
         elif op in FALLBACK_OPS:
             v = self.fallback(node, args)
         else:

@@ -29,7 +29,7 @@ import sympy
 
 from .ir import (ExternKernel, LoadCollector, Pointwise, ReinterpretView, Reduction, Scatter,
                  index_bounds, index_vars, ops, set_handler)
-from .op_table import index_message
+from .op_table import TARGET_INDEX_OPS, index_message
 
 # ---- §6 Index tensors at a broadcast index ----
 
@@ -81,9 +81,9 @@ def _direct_index(v, shape, size):
     return lambda b: e.subs(dict(zip(bv, b)), simultaneous=True)
 
 
-def _checked_index(v, shape, size, message):
+def _checked_index(v, shape, size, message, wrap_neg=True):
     load = _broadcast(v, shape)
-    return lambda b: ops.indirect_indexing(load(b), size, True, True, message)
+    return lambda b: ops.indirect_indexing(load(b), size, True, wrap_neg, message)
 
 
 def broadcast_shape(indices) -> tuple:
@@ -106,7 +106,8 @@ def index_position_fn(node, x_shape, indices):
     dims, pos, op = node.params["dims"], node.params["pos"], node.params["op"]
     bshape = broadcast_shape(indices)
     nb = len(bshape)
-    fns = [_direct_index(v, bshape, x_shape[d]) or _checked_index(v, bshape, x_shape[d], index_message(op, d))
+    wrap = op not in TARGET_INDEX_OPS          # a negative class target is an error, not wrapped
+    fns = [_direct_index(v, bshape, x_shape[d]) or _checked_index(v, bshape, x_shape[d], index_message(op, d), wrap)
            for v, d in zip(indices, dims)]
 
     def position(idx):

@@ -3,22 +3,22 @@ sorting and scans, factories, in-place forms and keyword aliases.
 
 Layer: above tensor_ops.py and shape_ops.py; below the package (`stax.<name>`) and stax/nn. Like
 tensor_ops.py, each function either hands one primitive of op_table.py to the choke point
-(`atan2`, `fmod`, the fallbacks `sort`/`argsort`/`cumprod`/`logcumsumexp`, the factories `randint`
+(`atan2`, `fmod`, the scans `cumprod`/`logcumsumexp`, the fallbacks `sort`/`argsort`, the factories `randint`
 and `philox_rand`) or is a composite of public functions that traces into primitives the §6
 lowering fuses: `lerp`, `addcmul`, `isclose`, `masked_fill` are pointwise; `any`, `all`, `norm`,
 `var_mean` are reductions; `einsum` is permutes, reshapes, one `matmul` per operand pair and sums.
 Consumes Tensors and Python scalars; produces Tensors.
 
-Where the §6.1 fallbacks are: `sort`, `argsort` (and `topk`, a sort then a slice), `cumprod`,
-`logcumsumexp` (as `cumsum` already was) run their numpy implementation in an extern kernel;
-`where(cond)` is `nonzero` (an output size that depends on the data).
+Where the §6.1 fallbacks are: `sort`, `argsort` (and `topk`, a sort then a slice) run their numpy
+implementation in an extern kernel; `where(cond)` is `nonzero` (an output size that depends on the
+data). `cumprod` and `logcumsumexp` (like `cumsum`) are scans, lowered as an ir.Scan (lower_scan.py).
 
 Where to look:
   - pointwise composites:    square, atan2, fmod, lerp, addcmul, addcdiv, clamp_min/max, masked_fill,
                              isclose, allclose, where (one argument)
   - reductions:              any, all, norm, linalg.vector_norm, var_mean, std_mean, count_nonzero
   - products:                outer, einsum
-  - sorting and scans:       sort, argsort, topk, msort, cumprod, logcumsumexp
+  - sorting and scans:       sort, argsort, topk, msort, cumprod, logcumsumexp, cummax, cummin
   - factories:               *_like with dtype=/device=, randint, linspace, logspace, new_*, type_as
   - aliases and in-place:    axis=/keepdims= on reductions; x.sqrt_(), x.lerp_(...), ...
   - ops Stax lacks ........... SPELLINGS, missing_op (the AttributeError that names what works)
@@ -37,11 +37,11 @@ from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _upcast,
                          abs, add, amax, amin, div, expand, isinf, isnan, logical_and, logical_or,
                          matmul, maximum, minimum, mul, ne, permute, remainder, reshape, sqrt, sub,
                          sum, to_dtype, unsqueeze, where)
-from .shape_ops import tril, triu
+from .shape_ops import diagonal, tril, triu
 
 __all__ = """square atan2 arctan2 fmod round lerp addcmul addcdiv clamp_min clamp_max masked_fill isclose
     allclose where any all norm var_mean std_mean count_nonzero outer ger einsum sort argsort topk msort
-    cumprod logcumsumexp zeros_like ones_like full_like empty_like rand_like randn_like randint
+    cumsum cumprod logcumsumexp cummax cummin zeros_like ones_like full_like empty_like rand_like randn_like randint
     linspace logspace type_as
     linalg sum mean amax amin prod var std logsumexp argmax argmin max min""".split()
 
@@ -240,13 +240,22 @@ def _einsum_parse(equation, n):
         raise ValueError(f"einsum(): {len(ins)} operands in the equation but {n} were given")
     if "." in eq:
         raise NotImplementedError("stax.einsum: ellipsis ('...') is not supported; name every dim")
-    for term in ins:
-        if len(set(term)) != len(term):
-            raise NotImplementedError(f"stax.einsum: a letter repeated in one operand ('{term}', a "
-                                      "diagonal) is not supported; take stax.diagonal first")
     if not arrow:       # implicit output: the letters seen once, in alphabetical order
         out = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
     return ins, out
+
+
+def _einsum_diagonals(t, s, k):
+    """A letter repeated in one operand ('ii', 'bii') is its diagonal: taken (a view) as the last
+    dim until every letter of the operand is distinct."""
+    while len(set(s)) != len(s):
+        c = next(c for c in s if s.count(c) > 1)
+        i, j = s.index(c), s.index(c, s.index(c) + 1)
+        if t.shape[i] != t.shape[j]:
+            raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {k} but the sizes "
+                               f"don't match, {t.shape[j]} != {t.shape[i]}")
+        t, s = diagonal(t, 0, i, j), "".join(x for n, x in enumerate(s) if n not in (i, j)) + c
+    return t, s
 
 
 def _einsum_pair(a, sa, b, sb, keep):
@@ -274,7 +283,7 @@ def einsum(equation, *operands):
         if t.ndim != len(s):
             raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(s)}) does not "
                                f"match the number of dimensions ({t.ndim}) for operand")
-    terms = list(zip(ops_, ins))
+    terms = [_einsum_diagonals(t, s, k) for k, (t, s) in enumerate(zip(ops_, ins))]
     acc, sa = terms[0]
     for k, (b, sb) in enumerate(terms[1:], 1):
         later = set(out) | {c for _, s in terms[k + 1:] for c in s}
@@ -291,7 +300,7 @@ def einsum(equation, *operands):
     return permute(acc, [sa.index(c) for c in out]) if sa != out else acc
 
 
-# ---- Sorting and scans (§6.1 fallback kernels; cumsum is one already) ----
+# ---- Sorting (§6.1 fallback kernels) and scans (§6 ir.Scan, as cumsum) ----
 
 _sort_ret = namedtuple("sort", "values indices")
 _topk_ret = namedtuple("topk", "values indices")
@@ -331,8 +340,33 @@ def _scan(op, x, dim, dtype):
     x = x if dtype is None else to_dtype(x, dtype)
     if op == "logcumsumexp" and not x.dtype.is_floating_point:
         raise RuntimeError(f"\"logcumsumexp_out_cpu\" not implemented for '{x.dtype._tname}'")
-    out = x.dtype if x.dtype.is_floating_point else int64
+    out = x.dtype if x.dtype.is_floating_point or op in ("cummax", "cummin") else int64
     return _op(op, [x], {"dim": _wrap_dim(dim, x.ndim) if x.ndim else 0}, _meta(x.shape, out, x.device))
+
+
+_cummax_ret = namedtuple("cummax", "values indices")
+_cummin_ret = namedtuple("cummin", "values indices")
+
+
+def _cum_extreme(op, x, dim):
+    """(values, indices) as PyTorch's cummax/cummin: the running max (NaN propagates), and the
+    index of the last element that set it (ties and later NaNs take the later index). Element j
+    sets it when it equals the running value there (or is NaN), so the indices are a second scan:
+    the running max of j where it does, else 0."""
+    d = _wrap_dim(dim, x.ndim) if x.ndim else 0
+    v = to_dtype(_scan(op, to_dtype(x, uint8), d, None), bool_) if x.dtype is bool_ else _scan(op, x, d, None)
+    n = x.shape[d] if x.ndim else 1
+    j = reshape(arange(n, device=x.device), [n if k == d else 1 for k in range(x.ndim)])
+    sets = _t.logical_or(_t.eq(x, v), _t.isnan(x)) if x.dtype.is_floating_point else _t.eq(x, v)
+    return v, _scan("cummax", where(sets, j, 0), d, None)
+
+
+def cummax(x, dim):
+    return _cummax_ret(*_cum_extreme("cummax", x, dim))
+
+
+def cummin(x, dim):
+    return _cummin_ret(*_cum_extreme("cummin", x, dim))
 
 
 def cumprod(x, dim, *, dtype=None):
@@ -460,6 +494,7 @@ sum, mean, amax, amin, prod, var, std, logsumexp, argmax, argmin, max, min = (
     _aliased(f) for f in (_t.sum, _t.mean, _t.amax, _t.amin, _t.prod, _t.var, _t.std, _t.logsumexp,
                           _t.argmax, _t.argmin, _t.max, _t.min))
 any, all, var_mean, std_mean = _aliased(any), _aliased(all), _aliased(var_mean), _aliased(std_mean)
+cumsum, cumprod, logcumsumexp, cummax, cummin = (_aliased(f) for f in (_t.cumsum, cumprod, logcumsumexp, cummax, cummin))
 
 
 # ---- Tensor methods and in-place forms ----
@@ -467,7 +502,7 @@ any, all, var_mean, std_mean = _aliased(any), _aliased(all), _aliased(var_mean),
 for _f in (sum, mean, amax, amin, prod, var, std, logsumexp, argmax, argmin, max, min, any, all, square,
            atan2, arctan2, fmod, round, lerp, addcmul, addcdiv, clamp_min, clamp_max, masked_fill, isclose,
            allclose, norm, var_mean, std_mean, count_nonzero, outer, ger, sort, argsort, topk, msort,
-           cumprod, logcumsumexp, type_as):
+           cumsum, cumprod, logcumsumexp, cummax, cummin, type_as):
     setattr(Tensor, _f.__name__, _f)
 Tensor.new_zeros, Tensor.new_ones, Tensor.new_empty = _new(0), _new(1), _new(None)
 Tensor.new_full, Tensor.new_tensor = _new_full, _new_tensor
@@ -487,7 +522,7 @@ _IN_PLACE = dict(_POINTWISE_FUNCTIONS, atan2=atan2, fmod=fmod, lerp=lerp, addcmu
                  addcdiv=addcdiv, clamp_min=clamp_min, clamp_max=clamp_max, masked_fill=masked_fill,
                  square=square, gelu=_t.gelu, silu=_t.silu, add=add, sub=sub, div=div, clamp=_t.clamp,
                  floor_divide=_t.floordiv, true_divide=div, multiply=mul, subtract=sub,
-                 tril=tril, triu=triu, cumsum=_t.cumsum, cumprod=cumprod)
+                 tril=tril, triu=triu, cumsum=cumsum, cumprod=cumprod)
 for _name, _f in _IN_PLACE.items():
     if not hasattr(Tensor, _name + "_"):
         setattr(Tensor, _name + "_", _inplace_method(_name + "_", _f))
@@ -507,7 +542,6 @@ SPELLINGS = {
     "bernoulli": "(stax.rand_like(p) < p)",
     "addmm": "beta * x + alpha * stax.matmul(a, b)",
     "baddbmm": "beta * x + alpha * stax.matmul(a, b)",
-    "cummax": "a loop of stax.maximum over slices, or stax.amax for the last value",
     "masked_select": "stax.where(mask, x, 0) keeps the shape (x[mask] has a data-dependent size)",
     "uint16": "stax.int32 (Stax's integer dtypes are int8, uint8, int16, int32 and int64)",
     "uint32": "stax.int64 (Stax's integer dtypes are int8, uint8, int16, int32 and int64)",

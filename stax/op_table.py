@@ -13,7 +13,7 @@ Where to look:
   - the fields .............................. OpDef
   - unary / binary pointwise math ............ "neg" ... "bitwise_xor"
   - the other ops ............................ where, to_dtype, clone, views, reductions, factories,
-                                               fallbacks (matmul, conv2d, cumsum, sort, nonzero, unique),
+                                               scans, fallbacks (matmul, conv2d, sort, nonzero, unique),
                                                index / index_put (gathers and scatters), scatters
   - Philox4x32-10 (dropout's counter-based stream) ... philox_uniform, _philox_rand
   - the eager random state ................... manual_seed (tensor.py re-exports it)
@@ -45,8 +45,8 @@ class OpDef:
     """One primitive op.
 
     kind:   "unary" | "binary" (pointwise math with a dtype rule), "pointwise" (where, to_dtype,
-            clone: elementwise with their own lowering), "view", "reduction", "factory", "other"
-            (matmul, cumsum, cat, nonzero, unique), "scatter" (graph-only: capture's
+            clone: elementwise with their own lowering), "view", "reduction", "scan" (cumsum,
+            cumprod, logcumsumexp, cummax, cummin), "factory", "other" (matmul, cat, nonzero, unique), "scatter" (graph-only: capture's
             functionalized writes through views; no eager implementation)
     arity:  number of inputs (cat's one input is a list of tensors; -1: any number)
     dtype:  unary/binary output dtype rule: "same" keeps the promoted dtype, "float" turns int/bool
@@ -133,7 +133,7 @@ def _wrapped_indices(indices, shape, dims, op):
     out = []
     for i, d in zip(np.broadcast_arrays(*indices), dims):
         n = shape[d]
-        w = np.where(i < 0, i + n, i).astype(np.int64)
+        w = (i if op in TARGET_INDEX_OPS else np.where(i < 0, i + n, i)).astype(np.int64)
         bad = (w < 0) | (w >= n)
         if bad.any():
             raw = int(i.reshape(-1)[np.argmax(bad.reshape(-1))])
@@ -142,8 +142,15 @@ def _wrapped_indices(indices, shape, dims, op):
     return out
 
 
+# index ops whose indices are class targets (nll_loss / cross_entropy's pick): a negative target is
+# out of range, not wrapped, and the message is PyTorch's for a target
+TARGET_INDEX_OPS = frozenset({"nll_loss"})
+
+
 def index_message(op, dim) -> str:
     """The IndexError text of an out-of-range index (eager, the C++ wrapper), `{}`s: index, size."""
+    if op in TARGET_INDEX_OPS:
+        return "Target {} is out of bounds."
     return f"{op}(): index {{}} is out of bounds for dimension {dim} with size {{}}"
 
 
@@ -266,6 +273,13 @@ def _logcumsumexp(x, dim):
     return np.logaddexp.accumulate(x, axis=dim)
 
 
+def _repeat_index(repeats):
+    """repeat_interleave's index: each position k of `repeats` (1-D ints) repeats[k] times."""
+    if repeats.size and repeats.min() < 0:
+        raise RuntimeError("repeats can not be negative")
+    return np.repeat(np.arange(repeats.shape[0], dtype=np.int64), repeats)
+
+
 def _fmod(a, b):
     return np.fmod(a, b)
 
@@ -354,11 +368,15 @@ OPS = {d.name: d for d in [
     OpDef("philox_rand", "factory", 0, _philox_rand, fallback=True),
     # the rest: cat is lowered (masked loads); the others are fallback kernels (§6.1),
     # nonzero and unique because their output sizes depend on the data
-    OpDef("cumsum", "other", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
-          cast_inputs=True, fallback=True),
-    OpDef("cumprod", "other", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
-          cast_inputs=True, fallback=True),
-    OpDef("logcumsumexp", "other", 1, _logcumsumexp, cast_inputs=True, fallback=True),
+    # scans (§6, ir.Scan): lowered as a loop along the dim (C++) or tl.associative_scan (Triton)
+    OpDef("cumsum", "scan", 1, lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
+          cast_inputs=True),
+    OpDef("cumprod", "scan", 1, lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
+          cast_inputs=True),
+    OpDef("logcumsumexp", "scan", 1, _logcumsumexp, cast_inputs=True),
+    # the running max / min (NaN propagates); math_ops.cummax adds the indices (a second scan)
+    OpDef("cummax", "scan", 1, lambda x, dim: np.maximum.accumulate(x, axis=dim) if x.ndim else x.copy()),
+    OpDef("cummin", "scan", 1, lambda x, dim: np.minimum.accumulate(x, axis=dim) if x.ndim else x.copy()),
     OpDef("sort", "other", 1, _sort, fallback=True),
     OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
@@ -373,6 +391,7 @@ OPS = {d.name: d for d in [
     OpDef("index_put", "other", -1, _index_put),
     # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
     OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
+    OpDef("repeat_index", "other", 1, _repeat_index, fallback=True),     # repeat_interleave's index
     OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
           fallback=True),
     OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],

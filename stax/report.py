@@ -230,8 +230,8 @@ def kernel_form(row: dict, previous: dict | None) -> tuple:
         section = {"pointwise": "§9.3", "template": "§9.8"}.get(kind, "§9.4")
     elif row["kind"] == "pointwise":
         kind, section = "pointwise", "§8"
-    elif row["kind"] == "reduction":
-        kind, section = "reduction", "§8"
+    elif row["kind"] in ("reduction", "scan"):
+        kind, section = row["kind"], "§8"
     else:
         kind, section = row["kind"], "§9.8" if "template" in row["kind"] else "§7"
     if "reduction" in kind and previous is not None and previous["nodes"] == row["nodes"]:

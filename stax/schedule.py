@@ -30,6 +30,8 @@ Where to look:
                                               the copy it writes into)
   - `_can_cross`, `cross_orientation` ........ a row and a column reduction of one input in one pass
   - `phases` ................................ one fused reduction kernel's passes over a row
+  - a scan (ir.Scan) opens a 'scan' group over (other dims, scanned dim); pointwise nodes join it
+    per element, after it, when they read it where it stores (its fused epilogue)
   - `all_indices`, `all_accesses` ............ every index a group's bodies use (Prop. 6.3, §9.3)
   - `schedule(lowered)` ..................... §7.1 dependence graph, fusion, order, §7.5 lifetimes
 """
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView, Scatter,
+from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView, Scan, Scatter,
                  index_vars, set_handler, simplify_index)
 
 # ---- Data types ----
@@ -51,6 +53,7 @@ class FusionGroup:
     index: int
     kind: str                        # 'pointwise' | 'reduction' | 'extern' | 'template' (§9.8: a
                                      # matmul template, then the pointwise epilogues it computes)
+                                     # | 'scan' (an ir.Scan, then its per-element epilogues)
     ranges: list                     # x (kept) loop sizes
     reduction_ranges: list           # r loop sizes ([] for pointwise)
     nodes: list = field(default_factory=list)
@@ -121,7 +124,9 @@ def node_index(buf, xvars, rvars):
 
 
 def store_index(buf, xvars, rvars):
-    idx, _ = node_index(buf, xvars, rvars)
+    idx, ridx = node_index(buf, xvars, rvars)
+    if isinstance(buf, Scan):       # one value per element: the scanned dim put back in place
+        return buf.layout.index(buf.full_index(idx, ridx))
     if isinstance(buf, Scatter):    # through loaded indices: symbols `indN` stand for them here
         with set_handler(LoadCollector()):
             return buf.layout.index(buf.output_indexer(idx))
@@ -164,10 +169,12 @@ def buffer_reads(buf) -> set:
 
 def _fits(group: FusionGroup, buf) -> tuple | None:
     """The (ranges, reduction_ranges) of `group` after adding `buf`, or None if the loops differ."""
-    if isinstance(buf, ExternKernel) or group.kind == "extern":
-        return None
+    if isinstance(buf, (ExternKernel, Scan)) or group.kind == "extern":
+        return None                  # a scan opens its own kernel (its loop order is its own)
     bx, br = _node_loops(buf)
     gx, gr = group.ranges, group.reduction_ranges
+    if group.kind == "scan":         # epilogues: per element, visited once in the scan's loops
+        return (gx, gr) if isinstance(buf, Pointwise) and bx == gx + gr else None
     if group.kind == "template":     # §9.8 epilogue: pointwise over the template's output blocks
         return (gx, gr) if isinstance(buf, Pointwise) and bx == gx else None
     if isinstance(buf, Reduction):
@@ -307,7 +314,8 @@ def schedule(lowered, template=None, cross: bool = False) -> Schedule:
                 placed = FusionGroup(len(groups), "extern", [], [])
             else:
                 x, r = _node_loops(buf)
-                placed = FusionGroup(len(groups), "reduction" if isinstance(buf, Reduction) else "pointwise", x, r)
+                kind = "scan" if isinstance(buf, Scan) else "reduction" if isinstance(buf, Reduction) else "pointwise"
+                placed = FusionGroup(len(groups), kind, x, r)
             groups.append(placed)
         else:
             fit = _fits(placed, buf)
@@ -404,7 +412,7 @@ def format_schedule(sched: Schedule) -> str:
             lines.append(f"kernel {g.index}: template {g.nodes[0].op} ranges={g.ranges} "
                          f"nodes={[n.name for n in g.nodes]}  # fuses {', '.join(g.origins)}")
             continue
-        shape = f"ranges={g.ranges}" + (f" reduction_ranges={g.reduction_ranges}" if g.kind == "reduction" else "")
+        shape = f"ranges={g.ranges}" + (f" reduction_ranges={g.reduction_ranges}" if g.kind in ("reduction", "scan") else "")
         shape += f" cross={[n.name for n in g.cross]}" if g.cross else ""
         lines.append(f"kernel {g.index}: {g.kind} {shape} nodes={[n.name for n in g.nodes]}  "
                      f"# fuses {', '.join(g.origins)}")

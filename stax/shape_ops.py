@@ -17,7 +17,7 @@ import builtins as _b
 import math
 import operator
 
-from .dtypes import bool_, float32
+from .dtypes import bool_, float32, int64
 from .tensor import Tensor, _meta, _numel, _op, _shape_args, _wrap_dim, arange
 from .tensor_ops import (_slice, cat, expand, full, permute, reshape, select, to_dtype, unsqueeze, view,
                          where)
@@ -125,17 +125,26 @@ def tile(x, dims):
 
 
 def repeat_interleave(x, repeats, dim=None, *, output_size=None):
-    """Each element `repeats` times in a row (an int, or a tensor of one count per element read
-    on the host: its output size depends on the data)."""
-    if isinstance(repeats, Tensor):
-        if repeats.numel() != 1:
-            raise NotImplementedError(
-                "stax.repeat_interleave: per-element repeat counts (a tensor) give an output size that "
-                "depends on the data; pass an int, or build the index with stax.arange and index_select")
-        repeats = int(repeats.item())
+    """Each element `repeats` times in a row: an int (a broadcast view, reshaped), or a tensor of
+    counts, one per element along `dim` (or one for all). A tensor's output size depends on the
+    data: the index `repeat_index(repeats)` is a §6.1 fallback kernel with an unbacked size
+    (§10.5), and the rows are an index_select through it."""
     if dim is None:
         x, dim = reshape(x, (-1,)), 0
     dim = _wrap_dim(dim, x.ndim)
+    if isinstance(repeats, Tensor):
+        if repeats.ndim > 1 or repeats.dtype.is_floating_point or repeats.dtype is bool_:
+            raise RuntimeError("repeat_interleave only accept 1D vector as repeat (of integers)")
+        n = x.shape[dim]
+        repeats = reshape(repeats, (-1,))
+        if repeats.shape[0] == 1 and n != 1:
+            repeats = expand(repeats, (n,))
+        if repeats.shape[0] != n:
+            raise RuntimeError(f"repeats must have the same size as input along dim, but got "
+                               f"repeats.size(0) = {repeats.shape[0]} and input.size({dim}) = {n}")
+        from .indexing import _index
+        index = _op("repeat_index", [repeats], {}, _meta((None,), int64, repeats.device))
+        return _index(x, [index], [dim], dim, "index_select")
     y = unsqueeze(x, dim + 1)
     shape = list(y.shape)
     shape[dim + 1] = repeats

@@ -10,7 +10,8 @@ return None, so the same names map to `tl` functions the interpreter implements.
 
 Where to look: `maximum`/`minimum` (NaN-propagating), `max2`/`min2`/`prod` (row reductions),
 `max_with_index`/`min_with_index` (argmax/argmin: first index wins ties, NaN counts as largest),
-`floordiv`/`remainder` (Python signs), `libdevice`.
+`floordiv`/`remainder` (Python signs), `cumsum`/`cumprod`/`logcumsumexp`/`cummax`/`cummin` (block scans along a dim,
+`tl.associative_scan`) and `logaddexp` (their carry's combine), `libdevice`.
 """
 import os
 
@@ -131,6 +132,49 @@ def _prod_combine(a, b):
 @triton.jit
 def prod(a, dim):
     return tl.reduce(a, dim, _prod_combine)
+
+
+# ---- scans (§6 ir.Scan): tl.associative_scan with each op's combine ----
+
+
+@triton.jit
+def _add_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def logaddexp(a, b):
+    # numpy's npy_logaddexp: equal operands (+-inf too) give a + log 2; NaN propagates
+    d = a - b
+    big = tl.where(d > 0, a, b)
+    e = tl.exp(-tl.abs(d))
+    tail = big + libdevice.log1p(e)
+    return tl.where(a == b, a + 0.6931471805599453, tl.where(d == d, tail, d))
+
+
+@triton.jit
+def cumsum(a, dim):
+    return tl.associative_scan(a, dim, _add_combine)
+
+
+@triton.jit
+def cumprod(a, dim):
+    return tl.associative_scan(a, dim, _prod_combine)
+
+
+@triton.jit
+def logcumsumexp(a, dim):
+    return tl.associative_scan(a, dim, logaddexp)
+
+
+@triton.jit
+def cummax(a, dim):
+    return tl.associative_scan(a, dim, maximum)
+
+
+@triton.jit
+def cummin(a, dim):
+    return tl.associative_scan(a, dim, minimum)
 
 
 # ---- argmax / argmin: (value, index) pairs ----

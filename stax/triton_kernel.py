@@ -287,7 +287,8 @@ class TritonPrinter(Printer):
         n = texpr(self.k.final(size))
         v = self.emit(f"tl.where({value} < 0, {value} + {n}, {value})", value.dtype) if wrap_neg else value
         if check and debug_index_checks():
-            masks = [f"{a.prefix}mask" for a in self.k.axes if f"{a.prefix}mask" not in self.k.always_true]
+            masks = [f"{a.prefix}mask" for a in self.k.axes if f"{a.prefix}mask" not in self.k.always_true
+                     and not (self.k.row_node and a.prefix.startswith("r"))]
             cond = f"(0 <= {v}) & ({v} < {n})"
             if masks + self.masks:
                 cond = f"({cond}) | ~({' & '.join(masks + self.masks)})"
@@ -379,6 +380,7 @@ class TritonKernel:
         self.other_form = None                        # that has a persistent one too (§9.4)
         self.r0_block = None                          # a persistent row's R0_BLOCK (its size hint)
         self.block_axes = None                        # the block's dims when not `axes` (OUTER: r0_, x)
+        self.row_node = False                         # printing a per-row node of a reduction kernel
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -410,8 +412,9 @@ class TritonKernel:
     def mask_for(self, expr, extra=()) -> str:
         used = {a.prefix for a in self.axes for s in expr.free_symbols if s in a.dims}
         if expr.free_symbols & self.indirect:
-            # an index loaded from memory is garbage in masked-off lanes: every axis' mask
-            used = {a.prefix for a in self.axes}
+            # an index loaded from memory is garbage in masked-off lanes: every axis' mask (but a
+            # row statement of a reduction kernel, whose values are one per row, has no r lanes)
+            used = {a.prefix for a in self.axes if not (self.row_node and a.prefix.startswith("r"))}
         masks = [f"{p}mask" for p in sorted(used) if f"{p}mask" not in self.always_true]
         return " & ".join(masks + list(extra))
 
@@ -440,6 +443,8 @@ class TritonKernel:
 
     def body(self, node, xvars, rvars, printer):
         idx, ridx = node_index(node, xvars, rvars)
+        self.row_node = not isinstance(node, Reduction) and not (set(rvars) & {
+            s for i in idx for s in sympy.sympify(i).free_symbols})
         with set_handler(printer):
             value = node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
             if isinstance(node, Scatter):   # where it writes: its loaded indices

@@ -372,7 +372,7 @@ def test_driver_failure_falls_back_once(fake, rng, failing, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("fn, why", [
-    (lambda x: x.cumsum(0) * 2, "fallback kernel 'cumsum'"),
+    (lambda x: stax.sort(x, 0).values * 2, "fallback kernel 'sort'"),
     (lambda x: stax.nonzero(x > 0), "depends on the data"),
     (lambda x: (x.to(stax.int64) @ x.t().to(stax.int64)) + 1, "fallback kernel 'matmul'"),
 ])
@@ -385,6 +385,17 @@ def test_static_conditions_reject(fake, rng, monkeypatch, capsys, fn, why):
     assert graphed(f) is None and fake.graphs == 0
     err = capsys.readouterr().err
     assert "is not wrapped in a CUDA graph" in err and why in err
+
+
+def test_a_scan_is_replayed(fake, rng):
+    """cumsum is a Triton scan kernel, not a host fallback: nothing stops the graph (issue 11)."""
+    f = stax.compile(lambda x: x.cumsum(0) * 2 + x.cumsum(1), mode="reduce-overhead")
+    x = cuda_randn(rng, 5, 9)
+    for _ in range(3):
+        a = x.cpu().numpy().astype(np.float64)
+        assert_close(f(x).cpu(), np.cumsum(a, 0) * 2 + np.cumsum(a, 1), stax.float32)
+    g = graphed(f)
+    assert g is not None and g.stats["replays"] == 2 and fake.graphs == 1
 
 
 def test_nothing_to_replay(fake, rng):

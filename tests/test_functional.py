@@ -396,3 +396,34 @@ def test_functional_on_triton(rng):
     for o, r in zip(out, refs):
         assert o.device == "cuda"
         assert_close(o.cpu(), r, stax.float32)
+
+
+def test_compiled_cross_entropy_bad_target_raises_as_eager(rng):
+    """A target outside [0, C) (not ignore_index) is PyTorch's IndexError in compiled CPU code too,
+    negatives included; ignore_index anywhere is allowed. The pick stays a gather fused into the
+    row kernel (one kernel for reduction='none', the rows and their mean for 'mean')."""
+    x = stax.from_numpy(rng.standard_normal((5, 7)).astype(np.float32))
+    f = stax.compile(lambda x, t: F.cross_entropy(x, t, ignore_index=-100))
+    g = stax.compile(lambda x, t: F.nll_loss(F.log_softmax(x, 1), t, reduction="none"))
+    good = stax.tensor([0, 6, -100, 3, 2])
+    assert_close(f(x, good), _ce_ref(f64(x), good.numpy(), ii=-100), stax.float32)
+    for bad, shown in (([0, 7, 1, 2, 3], 7), ([0, 1, -1, 2, 3], -1), ([9, 1, -100, 2, 3], 9)):
+        for fn in (f, g):
+            with pytest.raises(IndexError, match=f"Target {shown} is out of bounds"):
+                fn(x, stax.tensor(bad))
+    src = "\n".join(stax.generate(lambda x, t: F.cross_entropy(x, t, reduction="none"), x, good).kernels.values())
+    assert "stax_check_index" in src
+
+
+def test_gpu_cross_entropy_bad_target_asserts_in_debug_mode(rng, monkeypatch):
+    x = stax.from_numpy(rng.standard_normal((5, 7)).astype(np.float32)).cuda()
+    monkeypatch.setenv("STAX_DEBUG_INDEX", "1")
+    cf = stax.compile(lambda x, t: F.cross_entropy(x, t, reduction="none"))
+    t = stax.tensor([0, 6, -100, 3, 2])
+    assert_close(cf(x, t.cuda()).cpu(), _ce_ref(f64(x.cpu()), t.numpy(), red="none"), stax.float32)
+    assert "tl.device_assert" in str(cf.last_generated)
+    from stax import cuda
+    if cuda.is_available():
+        pytest.skip("a device-side assert would leave the CUDA context unusable")
+    with pytest.raises(Exception, match="index out of bounds"):
+        cf(x, stax.tensor([0, 7, 1, 2, 3]).cuda())

@@ -119,7 +119,8 @@ def test_layer_norm_and_mlp_block():
     ("cat_where", lambda x, y: stax.where(stax.cat([x, y], 1) > 0, 1.0, -2.0), [(5, 3), (5, 4)]),
     ("reductions", lambda x: (x.sum(0), x.mean(1, keepdim=True), x.var(1), x.amax(0), x.amin(), x.prod(1)), [(37, 53)]),
     ("arg", lambda x: (x.argmax(1), x.argmin(0), x.max(1).values), [(13, 3000)]),
-    ("fallback", lambda x: stax.cumsum(x * 2, 0) + 1, [(10, 10)]),
+    ("fallback", lambda x: stax.sort(x * 2, 0).values + 1, [(10, 10)]),
+    ("scan", lambda x: stax.cumsum(x * 2, 0) + 1, [(10, 10)]),
 ])
 def test_ops_on_cuda(name, fn, shapes):
     check(fn, *[stax.randn(*s) for s in shapes])

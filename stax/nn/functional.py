@@ -29,6 +29,7 @@ import math
 from .. import shape_ops as _s
 from .. import tensor_ops as _t
 from ..dtypes import _HALF, bfloat16, float16, float32, float64, int64
+from ..indexing import _along_dim, _index
 from ..math_ops import abs, clamp_min, masked_fill, norm, philox_rand, zeros_like
 from ..tensor import Tensor, arange, full
 from ..tensor_ops import (_downcast, _upcast, add, amax, cat, div, exp, expand, expm1, gelu, log, log1p,
@@ -464,39 +465,24 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _downcast(_reduce(loss, reduction), half)
 
 
-def _class_index(c, ndim, device):
-    """arange(C) shaped to broadcast along the class dim (1) of an ndim-D input."""
-    return view(arange(c, device=device), (c,) + (1,) * (ndim - 2))
-
-
-def _check_targets(target, c, ignore_index):
-    """Eager only (a compiled graph has no data to look at): out-of-range targets are an error."""
-    if target._node is not None or target.numel() == 0:
-        return
-    t = target.numpy()
-    bad = (t != ignore_index) & ((t < 0) | (t >= c))
-    if bad.any():
-        raise IndexError(f"Target {int(t[bad][0])} is out of bounds.")
-
-
-def _pick(x, tt, cls, class_dim=1):
-    """x[i, target[i], ...] without a gather: a sum over the class dim of where(class == target)."""
-    return sum(where(_t.eq(cls, tt), x, 0.0), class_dim)
+def _pick(x, tt, class_dim=1):
+    """x[..., t, ...] along the class dim for class targets `tt` (size 1 there): a gather, fused
+    into the kernel over the rows, whose indices are checked as nll_loss checks them: a target
+    outside [0, C) raises PyTorch's IndexError ("Target 7 is out of bounds.") eagerly and in
+    compiled CPU code, negatives included (op_table.TARGET_INDEX_OPS); on the GPU as any gather
+    (a device_assert under STAX_DEBUG_INDEX=1)."""
+    picked = _index(x, _along_dim(x, class_dim, tt, "nll_loss"), list(range(x.ndim)), 0, "nll_loss")
+    return _t.squeeze(picked, class_dim)
 
 
 def _nll_terms(logp_fn, x, target, weight, ignore_index):
     """Per-element (-w[t] * logp[t]) masked by ignore_index, the weights w[t], and the validity mask."""
-    c = x.shape[1]
-    _check_targets(target, c, ignore_index)
-    cls, tt = _class_index(c, x.ndim, x.device), unsqueeze(target, 1)
     valid = _t.ne(target, ignore_index)
-    in_range = _t.logical_and(_t.ge(target, 0), _t.lt(target, c))
-    picked = logp_fn(_pick(x, tt, cls))
+    tt = unsqueeze(where(valid, target, 0), 1)     # ignored elements read class 0 (unused)
+    picked = logp_fn(_pick(x, tt))
     w = to_dtype(valid, x.dtype) if weight is None else \
-        where(valid, _pick(expand(_channel_view(to_dtype(weight, x.dtype), x.ndim), x.shape), tt, cls), 0.0)
+        where(valid, _pick(expand(_channel_view(to_dtype(weight, x.dtype), x.ndim), x.shape), tt), 0.0)
     loss = where(valid, mul(_t.neg(picked), w), 0.0)
-    # a target outside [0, C) (not ignore_index) is NaN in compiled code; eager raises IndexError
-    loss = where(_t.logical_or(in_range, _t.logical_not(valid)), loss, math.nan)
     return loss, w, valid
 
 
