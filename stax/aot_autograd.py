@@ -29,7 +29,7 @@ from . import autograd
 from .autograd import GradNode, _edge, _version
 from .capture import input_tensors, unflatten
 from .partition import capture_joint, partition
-from .tensor import zeros
+from .tensor import Meta, zeros
 from .tensor_ops import clone, to_dtype
 
 # ---- §5 The artifacts of one training specialization ----
@@ -50,9 +50,13 @@ class TrainingEntry:
     backward: object = None     # call(args) of the backward artifact, once compiled
     stats: dict = field(default_factory=lambda: {"backward_compiles": 0})
 
-    def backward_call(self):
-        """The backward artifact, compiled (or read from the artifact cache) on first use."""
+    def backward_call(self, saved):
+        """The backward artifact, compiled (or read from the artifact cache) on first use. Its
+        saved placeholders take the layouts the forward artifact returned (a saved view comes
+        back as its own dense buffer)."""
         if self.backward is None:
+            for ph, t in zip(self.part.backward.inputs, saved):
+                ph.meta = Meta(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, 0)
             self.gen_backward = self.compile_graph(self.part.backward, self.device, self.name + "_backward",
                                                    use_cache=True)
             self.backward = self.load(self.gen_backward.module)
@@ -118,7 +122,7 @@ class CompiledNode(GradNode):
         grads = grads if self.n_outputs > 1 else [grads]
         with autograd.no_grad():
             tangents = self._tangents(grads)
-            outs = self.entry.backward_call()(list(self.saved) + tangents)
+            outs = self.entry.backward_call(self.saved)(list(self.saved) + tangents)
         return [None if slot is None else outs[slot] for slot in self.entry.part.grad_slot]
 
 

@@ -120,6 +120,9 @@ CASES = {
     "mlp": (lambda x, w, b: stax.gelu(x @ w + b), [(16, 32), (32, 8), (8,)], _mlp_ref),
     "views": (lambda x: (x[1:, ::2].t() * x[:-1, 1::2].t(), x.reshape(-1)[3:9], x.permute(1, 0)[2]), [(7, 10)],
               None),
+    # a saved value that is a strided view of a matmul's result: the forward returns it dense,
+    # and the backward (compiled at first use) takes the layout it gets
+    "saved_view": (lambda x, w, v: (x @ w)[:, 1:5:2] * v[:, :2], [(6, 4), (4, 8), (6, 3)], None),
     "gelu_1000": (lambda x: stax.gelu(x), [(1000,)], lambda x: [_w(x.shape) * _gelu_grad(x)]),
     "size_1": (lambda x, y: (x * y).sum(), [(1,), (1, 1)], lambda x, y: [0.5 * y.reshape(1), 0.5 * x.reshape(1, 1)]),
 }
