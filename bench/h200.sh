@@ -16,6 +16,7 @@ tests)
         tests/test_templates.py tests/test_conv.py tests/test_indexing.py tests/test_optim.py \
         tests/test_auto_dynamic.py tests/test_soundness_guards.py tests/test_export.py \
         tests/test_data_dependent.py tests/test_bucketing.py tests/test_functional.py tests/test_ops_more.py \
+        tests/test_training.py \
         > "$OUT/tests.log" 2>&1
     tail -30 "$OUT/tests.log";;
 bench)

@@ -642,6 +642,9 @@ class CompiledFunction:
             return None
         if self.strict_native:
             _check_native(entry.gen_forward, name)
+        if self.mode == "reduce-overhead":
+            _log("cudagraphs", name, "not replayed from a CUDA graph: the forward and backward artifacts "
+                 "of a training call (§5) run as compiled, without CUDA graphs")
         entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = entry.gen_forward
         self.stats["compiles"] += 1
