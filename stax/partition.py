@@ -80,8 +80,12 @@ def _run_joint(fn, tracer, real, args, kwargs):
     wrt = [p for p, t in enumerate(real) if t.requires_grad]
     grads = [None] * len(wrt)
     if diff:
-        grads = autograd.grad([leaves[k] for k in diff], [proxies[p] for p in wrt], tangents,
-                              retain_graph=True, allow_unused=True)
+        try:
+            grads = autograd.grad([leaves[k] for k in diff], [proxies[p] for p in wrt], tangents,
+                                  retain_graph=True, allow_unused=True)
+        except (RuntimeError, NotImplementedError) as e:
+            # eager raises this only if a backward runs: run eagerly, so that it does the same
+            raise GraphBreak(f"its backward cannot be traced ({e})") from None
     nodes = []
     for g in grads:                         # each gradient its own buffer, never an input's
         node = None if g is None else tracer._node_of(g)

@@ -213,9 +213,20 @@ def test_in_place_ops_inside_the_function(rng):
         h.mul_(3)
         return (y + h).sum()
     check(lambda x: ok(x), _t(rng, 6))
-    for f in (bad, stax.compile(bad)):
+    f = stax.compile(bad)
+    for fn in (bad, f):
+        loss = fn(_t(rng, 4))               # the forward runs (eager raises only in backward)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            f(_t(rng, 4)).backward()
+            loss.backward()
+    assert f.stats["eager_calls"] == 1      # its backward cannot be traced: eager, as eager is
+
+
+def test_an_op_without_a_derivative_raises_in_backward_as_in_eager(rng):
+    f = stax.compile(lambda x: stax.cumprod(x, 0).sum())
+    loss = f(_t(rng, 5))
+    assert float(loss) == pytest.approx(float(loss))
+    with pytest.raises(NotImplementedError, match="derivative of cumprod"):
+        loss.backward()
 
 
 def test_key_holds_requires_grad_and_backward_compiles_on_first_use(rng):
