@@ -594,6 +594,8 @@ class CompiledFunction:
         """§5: inputs require grad: the joint graph's forward artifact, its results wired into
         autograd (aot_autograd.py). Static sizes; the key also holds which inputs require grad."""
         from . import aot_autograd
+        if _RUN_REGISTRY is not None:
+            self.last_inputs = (args, kwargs)
         if _tuning._precision[0] is not self._precision:
             self._precision_changed()
         if self.reads is None:

@@ -349,3 +349,26 @@ def test_train_mlp_fully_compiled_equals_eager():
     full = train_mlp.train(steps=25, compiled=True, verbose=False, compiled_model=True)
     np.testing.assert_allclose(full, eager, rtol=2e-5, atol=1e-6)
     assert full[-1] < full[0] * 0.7
+
+
+def test_gpt2_block_gradients_match_eager(rng):
+    """examples/gpt2_block.py (parameters in a dict, split, masked_fill, softmax, tanh-GELU,
+    layer_norm, cross_entropy with ignored targets): every parameter's gradient equals eager's."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gpt2_block as G
+    stax.manual_seed(0)
+    p = {k: v.requires_grad_() for k, v in G.init_params().items()}
+    bias = stax.tril(stax.ones(G.BLOCK, G.BLOCK)).view(1, 1, G.BLOCK, G.BLOCK)
+    x = _t(rng, 2, G.BLOCK, G.N_EMBD)
+    t = stax.randint(0, G.VOCAB, (2, G.BLOCK))
+    t[0, :3] = -1
+    G.block_loss(x, t, p, bias)[1].backward()
+    eager = {k: v.grad for k, v in p.items()}
+    for v in p.values():
+        v.grad = None
+    f = stax.compile(G.block_loss)
+    logits, loss = f(x, t, p, bias)
+    loss.backward()
+    assert f.stats["eager_calls"] == 0 and logits.requires_grad
+    for k, v in p.items():
+        assert_close(v.grad, eager[k], stax.float32, msg=k)
