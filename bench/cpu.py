@@ -37,6 +37,13 @@ adamw_mlp4 (issue 16) is one optimizer step, not a function: Stax's column is st
 compiled step, torch's column torch.optim.AdamW(foreach=True, fused=False) run eagerly (its
 default multi-tensor step); both update 4 x (1024x1024 + 1024) float32 parameters in place.
 
+train_mlp4 (§5, issue 16) is one training step of that MLP (4 linear layers of width 1024, GELU
+between them, batch 64, MSE loss): zero_grad, the compiled forward, backward, AdamW. Stax's column
+compiles the loss with stax.compile (a forward and a backward artifact, partitioned by the min-cut)
+and steps stax.optim.AdamW; torch's column compiles it with torch.compile (AOTAutograd) and steps
+torch.optim.AdamW(foreach=True). Checked against a float64 numpy step (forward, the gradients
+written out, AdamW's first step).
+
 torch is never a dependency of Stax: only this script uses it (from --torch-python).
 """
 from __future__ import annotations
@@ -284,9 +291,87 @@ def _torch_adamw_step(T, args):
     return opt.step, params
 
 
+# ---- A training step (§5, issue 16): forward + backward + AdamW of the 4-layer MLP, batch 64 ----
+
+MLP_BATCH = 64
+
+
+def _train_inputs():
+    """The 4 layers' weights (scaled by 1/sqrt(width)) and biases, then x and the target y."""
+    rng = np.random.default_rng(0)
+    shapes = [(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * MLP_LAYERS + [(MLP_BATCH, MLP_WIDTH)] * 2
+    return [rng.standard_normal(s, dtype=np.float32) * np.float32(MLP_WIDTH ** -0.5 if k < 2 * MLP_LAYERS else 1)
+            for k, s in enumerate(shapes)]
+
+
+def _mlp_loss(F):
+    """loss(w1, b1, ..., w4, b4, x, y) in either library's torch.nn.functional spelling."""
+    def loss(*a):
+        h = a[-2]
+        for i in range(MLP_LAYERS):
+            h = F.linear(h, a[2 * i], a[2 * i + 1])
+            h = F.gelu(h) if i < MLP_LAYERS - 1 else h
+        return F.mse_loss(h, a[-1])
+    return loss
+
+
+def _np_gelu_and_grad(z):
+    erf = np.vectorize(math.erf, otypes=[np.float64])(z * INV_SQRT2)
+    return 0.5 * z * (1 + erf), 0.5 * (1 + erf) + z * np.exp(-0.5 * z * z) * INV_SQRT_2PI
+
+
+def _np_train_first_step(*arrays):
+    """The parameters after one step, in float64: forward, the gradients by hand, AdamW."""
+    a = [x.astype(np.float64) for x in arrays]
+    ps, x, y = a[:-2], a[-2], a[-1]
+    hs, ds, h = [], [], x
+    for i in range(MLP_LAYERS):
+        hs.append(h)
+        z = h @ ps[2 * i].T + ps[2 * i + 1]
+        if i < MLP_LAYERS - 1:
+            h, d = _np_gelu_and_grad(z)
+            ds.append(d)
+        else:
+            h = z
+    g, grads = 2 * (h - y) / h.size, [None] * len(ps)
+    for i in reversed(range(MLP_LAYERS)):
+        grads[2 * i], grads[2 * i + 1] = g.T @ hs[i], g.sum(0)
+        if i:
+            g = (g @ ps[2 * i]) * ds[i - 1]
+    return _np_adamw_first_step(*ps, *grads)
+
+
+def _stax_train_step(S, args):
+    """(step, parameters, the compiled loss): stax.compile'd forward and backward, stax.optim.AdamW."""
+    params, (x, y) = [a.detach().clone().requires_grad_() for a in args[:-2]], args[-2:]
+    opt, loss_fn = S.optim.AdamW(params, **ADAMW), S.compile(_mlp_loss(S.nn.functional))
+
+    def step():
+        opt.zero_grad()
+        loss_fn(*params, x, y).backward()
+        opt.step()
+    return step, params, loss_fn
+
+
+def _torch_train_step(T, args):
+    """torch.compile'd loss (AOTAutograd: forward and backward graphs), torch.optim.AdamW(foreach)."""
+    params, (x, y) = [a.clone().requires_grad_() for a in args[:-2]], args[-2:]
+    opt, loss_fn = T.optim.AdamW(params, foreach=True, fused=False, **ADAMW), T.compile(_mlp_loss(T.nn.functional))
+
+    def step():
+        opt.zero_grad()
+        loss_fn(*params, x, y).backward()
+        opt.step()
+    return step, params
+
+
 def optimizer_workloads():
     """Workloads whose `stax`/`torch` build (step, params) from the inputs instead of a function."""
-    return {"adamw_mlp4": dict(
+    return {"train_mlp4": dict(
+        shape=f"{MLP_LAYERS} x linear {MLP_WIDTH} + gelu, batch {MLP_BATCH}; fwd + bwd + AdamW",
+        inputs=_train_inputs, optimizer=True, train=True, memory_bound=False,
+        stax=_stax_train_step, numpy=_np_train_first_step, torch=_torch_train_step),
+        "adamw_mlp4": dict(
         shape=f"{MLP_LAYERS} x ({MLP_WIDTH}^2 + {MLP_WIDTH}) params, grads; one step",
         inputs=_mlp_params_and_grads, optimizer=True,
         out=5 * MLP_LAYERS * (MLP_WIDTH ** 2 + MLP_WIDTH) * 4,   # m, v read; p, m, v written
@@ -369,6 +454,8 @@ def worker_stax(name, runs, threads):
 
 def _worker_stax_optimizer(stax, w, arrays, args, runs):
     wants = w["numpy"](*arrays)             # before the step: from_numpy shares the arrays' memory
+    if w.get("train"):
+        return _worker_stax_train(stax, w, wants, args, runs)
     opt, params = w["stax"](stax, args)
     step = opt.step
     step()                                  # the first step: compiles; checked against numpy
@@ -379,6 +466,18 @@ def _worker_stax_optimizer(stax, w, arrays, args, runs):
     return {"times": ts, "cold_s": f.stats["compile_seconds"], "max_rel_err": err,
             "kernels": len(f.last_generated.kernels), "compiles": f.stats["compiles"],
             "memory_stats": stax.memory_stats()}
+
+
+def _worker_stax_train(stax, w, wants, args, runs):
+    step, params, f = w["stax"](stax, args)
+    step()                                  # the first step: compiles forward, backward, AdamW
+    err = max(float(np.max(np.abs(p.detach().numpy() - want) / (1e-3 + np.abs(want))))
+              for p, want in zip(params, wants))
+    ts = call_times(step, (), runs)
+    entry = next(e for e in f.artifacts.values() if e is not None)
+    return {"times": ts, "cold_s": f.stats["compile_seconds"], "max_rel_err": err,
+            "kernels": len(entry.gen_forward.kernels) + len(entry.gen_backward.kernels),
+            "compiles": f.stats["compiles"], "memory_stats": stax.memory_stats()}
 
 
 def worker_torch(name, runs, threads):

@@ -9,6 +9,10 @@ a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.
 FlexAttention; `python bench/gpu.py conv` only the conv2d workloads (CONVS: ResNet-50 layers, bf16,
 channels-last); `python bench/gpu.py adamw` only issue 16's optimizer step: stax.optim.AdamW's compiled
 step over a 4-layer width-1024 MLP's parameters against torch.optim.AdamW (foreach=True and fused=True).
+`python bench/gpu.py train` only §5's training steps (forward + backward + AdamW, the loss
+stax.compile'd against torch.compile'd, with each one's peak memory): the 4-layer width-1024 MLP at
+batch 64, and a GPT-2-small block (examples/gpt2_block.py, C=768, seq 1024, batch 8); `train --tiny`
+runs Stax's side at small sizes (through TRITON_INTERPRET=1 where there is no GPU).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
 triton.testing.do_bench times torch.compile; outputs allocated by Stax's caching allocator as a
@@ -735,6 +739,148 @@ def adamw_step(width=1024, layers=4) -> dict:
     return row
 
 
+# ---- §5 (issue 16): training steps, compiled forward + backward + AdamW, with peak memory ----
+
+
+def _mlp_loss(F, layers):
+    def loss(*a):
+        h = a[-2]
+        for i in range(layers):
+            h = F.linear(h, a[2 * i], a[2 * i + 1])
+            h = F.gelu(h) if i < layers - 1 else h
+        return F.mse_loss(h, a[-1])
+    return loss
+
+
+def _mlp_arrays(width, layers, batch):
+    rng = np.random.default_rng(0)
+    shapes = [(width, width), (width,)] * layers + [(batch, width)] * 2
+    return [rng.standard_normal(s, dtype=np.float32) * np.float32(width ** -0.5 if k < 2 * layers else 1)
+            for k, s in enumerate(shapes)]
+
+
+def _gpt2_arrays(n_embd, vocab, seq, batch):
+    """GPT-2's block parameters (nanoGPT's initialization), inputs, targets, the causal mask."""
+    rng = np.random.default_rng(0)
+    C = n_embd
+    p = {f"{n}.{w}": (np.ones if w == "weight" else np.zeros)(C, np.float32)
+         for n in ("ln_1", "ln_2", "ln_f") for w in ("weight", "bias")}
+    for name, (o, i) in {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (4 * C, C),
+                         "mlp.c_proj": (C, 4 * C)}.items():
+        p[name + ".weight"] = rng.standard_normal((o, i), dtype=np.float32) * np.float32(0.02)
+        p[name + ".bias"] = np.zeros(o, np.float32)
+    p["wte.weight"] = rng.standard_normal((vocab, C), dtype=np.float32) * np.float32(0.02)
+    x = rng.standard_normal((batch, seq, C), dtype=np.float32)
+    t = rng.integers(0, vocab, (batch, seq))
+    return p, x, t, np.tril(np.ones((seq, seq), np.float32)).reshape(1, 1, seq, seq)
+
+
+def _stax_step(loss_fn, params, inputs):
+    opt, f = stax.optim.AdamW(params, lr=1e-3), stax.compile(loss_fn)
+
+    def step():
+        opt.zero_grad()
+        loss = f(*inputs())
+        loss.backward()
+        opt.step()
+        return loss
+    return step, f
+
+
+def _step_row(name, step, torch_step):
+    """Time a training step (CUDA events, as time_calls) and its peak memory beside torch's."""
+    first = float(step().item())                    # compiles forward, backward, the AdamW step
+    if not cuda.is_available():                     # the Triton interpreter: a smoke run, no times
+        row = {"workload": name, "first_loss": first, "second_loss": float(step().item())}
+        print(json.dumps(row), flush=True)
+        return row
+    cuda.synchronize()
+    cuda.reset_peak_memory_stats()
+    step()
+    cuda.synchronize()
+    row = {"workload": name, "first_loss": first, "stax_ms": time_calls(step, (), iters=20),
+           "stax_peak_MB": cuda.memory_stats()["peak_allocated_bytes"] / 2**20}
+    if torch_step is not None:
+        try:
+            import torch
+            import triton.testing
+            tstep, tloss = torch_step(torch)
+            row["torch_first_loss"] = tloss
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            tstep()
+            torch.cuda.synchronize()
+            row["torch_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
+            row["torch_ms"] = triton.testing.do_bench(tstep, return_mode="median")
+            row["ratio"] = row["stax_ms"] / row["torch_ms"]
+        except ImportError:
+            pass
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _torch_mlp_step(arrays, layers):
+    def make(torch):
+        ts = [torch.tensor(a, device="cuda") for a in arrays]
+        params = [t.requires_grad_() for t in ts[:-2]]
+        opt, f = torch.optim.AdamW(params, lr=1e-3, foreach=True), torch.compile(_mlp_loss(torch.nn.functional, layers))
+
+        def step():
+            opt.zero_grad()
+            loss = f(*params, *ts[-2:])
+            loss.backward()
+            opt.step()
+            return loss
+        return step, float(step().item())
+    return make
+
+
+def _torch_gpt2_step(arrays, block_loss_src):
+    def make(torch):
+        import torch.nn.functional as F
+        p, x, t, mask = arrays
+        tp = {k: torch.tensor(v, device="cuda", requires_grad=True) for k, v in p.items()}
+        tx, tt, tm = (torch.tensor(a, device="cuda") for a in (x, t, mask))
+        scope = {"torch": torch, "F": F, "math": math}
+        exec(block_loss_src, scope)
+        opt, f = torch.optim.AdamW(list(tp.values()), lr=1e-3, foreach=True), torch.compile(scope["block_loss"])
+
+        def step():
+            opt.zero_grad()
+            loss = f(tx, tt, tp, tm)[1]
+            loss.backward()
+            opt.step()
+            return loss
+        return step, float(step().item())
+    return make
+
+
+def training_steps(tiny=False) -> list:
+    """The MLP step (4 x width 1024, batch 64) and a GPT-2-small block step (768 wide, 12 heads,
+    vocabulary 50257, sequence 1024, batch 8); `tiny`: small sizes, Stax only (the Triton
+    interpreter can run them: TRITON_INTERPRET=1 python bench/gpu.py train --tiny)."""
+    import inspect
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import gpt2_block
+    width, batch, (C, heads, vocab, seq, gb) = (32, 4, (32, 2, 97, 16, 2)) if tiny else \
+        (1024, 64, (768, 12, 50257, 1024, 8))
+    rows = []
+    arrays = _mlp_arrays(width, 4, batch)
+    ts = [stax.tensor(a, device="cuda") for a in arrays]
+    params = [t.requires_grad_() for t in ts[:-2]]
+    step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), params, lambda: (*params, *ts[-2:]))
+    rows.append(_step_row(f"train_mlp4 {width}x{batch}", step, None if tiny else _torch_mlp_step(arrays, 4)))
+    gpt2_block.N_EMBD, gpt2_block.N_HEAD, gpt2_block.VOCAB = C, heads, vocab
+    garrays = _gpt2_arrays(C, vocab, seq, gb)
+    p = {k: stax.tensor(v, device="cuda", requires_grad=True) for k, v in garrays[0].items()}
+    x, t, mask = (stax.tensor(a, device="cuda") for a in garrays[1:])
+    step, _ = _stax_step(lambda *a: gpt2_block.block_loss(*a)[1], list(p.values()), lambda: (x, t, p, mask))
+    src = inspect.getsource(gpt2_block.block_loss).replace("N_EMBD", str(C)).replace("N_HEAD", str(heads))
+    rows.append(_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
+                          None if tiny else _torch_gpt2_step(garrays, src)))
+    return rows
+
+
 def selected(argv) -> list:
     """Workloads named on the command line: a name (`softmax`, `colsum:small`), a family that is no
     name itself (`colsum`: both column sums) or a group (`reductions`), in WORKLOADS' order."""
@@ -807,6 +953,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"adamw": row}, fh, indent=1)
+        return
+    if "train" in argv:                 # §5 (issue 16): training steps only
+        rows = training_steps(tiny="--tiny" in argv)
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"train": rows}, fh, indent=1)
         return
     if "launchbound" in argv:           # §9.9 only (issue 13)
         rows = launch_bound()

@@ -2,7 +2,7 @@
 # The H200 session script: GPU tests and benchmarks in a few batched phases, logs under $OUT.
 #   bash bench/h200.sh tests    # the GPU-facing test files on the real device (~8 min)
 #   bash bench/h200.sh bench    # bench/gpu.py: memory-bound workloads, reductions, indexing, matmuls, convs
-#   bash bench/h200.sh extra    # launch-bound (CUDA graphs), attention, AdamW, dynamic vs static
+#   bash bench/h200.sh extra    # launch-bound (CUDA graphs), attention, AdamW, training steps, dynamic vs static
 # Needs cffi + pycparser wheels for the device's Python in .whl/ (see the device tool's notes).
 set -u
 OUT="${OUT:-/tmp/stax-out}"; mkdir -p "$OUT"
@@ -16,6 +16,7 @@ tests)
         tests/test_templates.py tests/test_conv.py tests/test_indexing.py tests/test_optim.py \
         tests/test_auto_dynamic.py tests/test_soundness_guards.py tests/test_export.py \
         tests/test_data_dependent.py tests/test_bucketing.py tests/test_functional.py tests/test_ops_more.py \
+        tests/test_training.py \
         > "$OUT/tests.log" 2>&1
     tail -30 "$OUT/tests.log";;
 bench)
@@ -25,6 +26,7 @@ extra)
     timeout 150 python3 bench/gpu.py launchbound --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1
     timeout 200 python3 bench/gpu.py attention --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1
     timeout 60 python3 bench/gpu.py adamw --json "$OUT/adamw.json" > "$OUT/adamw.log" 2>&1
+    timeout 240 python3 bench/gpu.py train --json "$OUT/train.json" > "$OUT/train.log" 2>&1
     timeout 150 python3 bench/gpu.py --dynamic ex1_1 softmax layernorm colsum --json "$OUT/dynamic.json" > "$OUT/dynamic.log" 2>&1
-    for f in launch attention adamw dynamic; do echo "== $f"; tail -25 "$OUT/$f.log"; done;;
+    for f in launch attention adamw train dynamic; do echo "== $f"; tail -25 "$OUT/$f.log"; done;;
 esac

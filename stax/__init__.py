@@ -78,7 +78,7 @@ _RUN_REGISTRY: list | None = None
 # ---- Observability: STAX_LOGS=graph,ir,schedule,kernels,wrapper,guards,recompiles ----
 
 LOG_STAGES = ("graph", "ir", "schedule", "kernels", "wrapper", "guards", "recompiles", "autotune",
-              "cudagraphs")
+              "cudagraphs", "partition")
 
 
 def _logs() -> set:
@@ -468,6 +468,8 @@ class Generated:
     ir: str = ""
     schedule: str = ""
     module: object = None
+    backward: object = None     # §5: inputs that require grad: the backward's Generated
+    partition: object = None    # §5: partition.Partition (the saved set)
 
     def __str__(self):
         return str(self.module) if self.module is not None else \
@@ -537,8 +539,12 @@ def _device_of(args) -> str:
 def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Generated:
     """The code `stax.compile(fn)` would run on these inputs, without running it."""
     from .capture import capture
+    name, device = getattr(fn, "__name__", "fn"), device or _device_of(example_inputs)
+    if _needs_grad(example_inputs) or (kwargs and _needs_grad(list(kwargs.values()))):
+        from . import aot_autograd       # §5: the forward's code, the backward's as .backward
+        return aot_autograd.generate(getattr(fn, "fn", fn), example_inputs, kwargs, device, name, _compile_graph)
     graph, _ = capture(fn, list(example_inputs), kwargs)
-    return _compile_graph(graph, device or _device_of(example_inputs), getattr(fn, "__name__", "fn"))
+    return _compile_graph(graph, device, name)
 
 
 class CompiledFunction:
@@ -635,11 +641,7 @@ class CompiledFunction:
         if current_tracer() is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
         if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
-            # §5: compiled forward + backward artifacts are not built yet; eager autograd is exact
-            self.stats["eager_calls"] += 1
-            _log("graph", getattr(self.fn, "__name__", "fn"), "an input requires grad: running eagerly "
-                 "under autograd (compiled training, §5, is not built yet)")
-            return self.fn(*args, **kwargs)
+            return self._call_training(args, kwargs)    # §5: a forward and a backward artifact
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
         if _tuning._precision[0] is not self._precision:
@@ -716,6 +718,69 @@ class CompiledFunction:
             if tuple([_guard_key(r.value(call), lifted) for r in live]) != key:
                 return _MISS
         return self._run(entry, args, {}, lifted, alias)
+
+    def _call_training(self, args, kwargs):
+        """§5: inputs require grad: the joint graph's forward artifact, its results wired into
+        autograd (aot_autograd.py). Static sizes; the key also holds which inputs require grad."""
+        from . import aot_autograd
+        if _RUN_REGISTRY is not None:
+            self.last_inputs = (args, kwargs)
+        if _tuning._precision[0] is not self._precision:
+            self._precision_changed()
+        if self.reads is None:
+            with self._lock:
+                if self.reads is None:
+                    self.reads = _reads_of(self.fn)
+        lifted, alias = [], _capture.call_aliasing(args, kwargs)
+        grads = tuple(t.requires_grad for t in _capture.input_tensors(args, kwargs))
+        key = ("requires_grad", grads) + self._key(args, kwargs, lifted, alias)
+        entry = self.artifacts.get(key, _MISS)
+        if entry is _MISS:
+            with self._lock:
+                entry = self.artifacts.get(key, _MISS)
+                if entry is _MISS:
+                    name = getattr(self.fn, "__name__", "fn")
+                    admit = self._admit(name, "new inputs that require grad")
+                    entry = None if admit == "eager" else self._build_training(key, args, kwargs, lifted, name)
+                    if admit != "run":
+                        self.artifacts[key] = entry
+        if entry is None or alias is not None or (lifted and _needs_grad(lifted)):
+            self.stats["eager_calls"] += 1
+            return self.fn(*args, **kwargs)
+        consts = list(entry.consts)
+        for pos, k in getattr(entry, "lifts", ()):
+            consts[pos] = lifted[k]
+        return aot_autograd.run(entry, args, kwargs, consts)
+
+    def _build_training(self, key, args, kwargs, lifted, name):
+        """Capture the joint graph, partition it, compile the forward (None: run eagerly)."""
+        from . import aot_autograd, runtime
+        from .capture import GraphBreak
+        why = "inputs that share memory" if _capture.call_aliasing(args, kwargs) is not None else \
+            "a tensor it reads from a global, closure or attribute requires grad" if _needs_grad(lifted) else None
+        if why:
+            _log("graph", name, f"{why}: running eagerly under autograd (compiled training takes "
+                 "the tensors that require grad as arguments)")
+            return None
+        t0 = time.perf_counter()
+        try:
+            entry = aot_autograd.build(self.fn, args, kwargs, _device_of(args), name, _compile_graph,
+                                       lambda m: runtime.load_module(m, mode=None, options=self.options), _log)
+        except GraphBreak as e:
+            if self.fullgraph:
+                raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
+            _log("graph", name, f"graph break, running eagerly: {e}")
+            return None
+        if self.strict_native:
+            _check_native(entry.gen_forward, name)
+        if self.mode == "reduce-overhead":
+            _log("cudagraphs", name, "not replayed from a CUDA graph: the forward and backward artifacts "
+                 "of a training call (§5) run as compiled, without CUDA graphs")
+        entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
+        self.last_generated = entry.gen_forward
+        self.stats["compiles"] += 1
+        self.stats["compile_seconds"] += time.perf_counter() - t0
+        return entry
 
     def _precision_changed(self):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""

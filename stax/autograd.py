@@ -119,16 +119,15 @@ _SAVES.update({op: "in+out" for op in ("pow", "prod", "amax", "amin", "remainder
 
 class GradNode:
     """One recorded op: how to turn its output's gradient into its inputs' gradients."""
+    n_outputs = 1       # outputs whose gradients arrive apart (a compiled region's: aot_autograd.py)
 
     def __init__(self, op, inputs, params, out):
         self.op, self.params, self.out_shape = op, params, out.shape
         saves = _SAVES.get(op, "")
         self.inputs = inputs                    # values (tensors and scalars) the formula reads
         self.out = out if "out" in saves else None
-        self.versions = [(t, t._storage.version) for t in self._saved() if t._storage is not None] \
-            if saves else []
-        self.edges = [(t._grad_fn, t) if isinstance(t, Tensor) and t.requires_grad else None
-                      for t in _flat(inputs)]
+        self.versions = [(t, _version(t)) for t in self._saved()] if saves else []
+        self.edges = [_edge(t) if isinstance(t, Tensor) and t.requires_grad else None for t in _flat(inputs)]
         self.freed = False
 
     def name(self) -> str:
@@ -144,12 +143,32 @@ class GradNode:
 
     def check_versions(self):
         for t, v in self.versions:
-            if t._storage.version != v:
+            if _version(t) != v:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified by an "
                     f"inplace operation: [{t.dtype._tname} {list(t.shape)}], which is output 0 of "
-                    f"{self.name()}, is at version {t._storage.version}; expected version {v} instead. "
+                    f"{self.name()}, is at version {_version(t)}; expected version {v} instead. "
                     "Clone it before the in-place update (x = x.clone()), or update a copy.")
+
+
+def _edge(t):
+    """Where `t`'s gradient goes: (its node or None for a leaf, t, which output of the node)."""
+    return (t._grad_fn, t, getattr(t, "_output_nr", 0))
+
+
+def _version(t) -> int:
+    """A tensor's version: its storage's; a proxy's (a compiled function being captured, §5) is
+    the count of in-place writes capture.Tracer.mutate made to its base."""
+    if t._storage is not None:
+        return t._storage.version
+    root = t._base if t._base is not None else t
+    return getattr(root, "_version", 0)
+
+
+def _same_memory(a, b) -> bool:
+    if a._storage is not None or b._storage is not None:
+        return a._storage is b._storage
+    return (a._base if a._base is not None else a) is (b._base if b._base is not None else b)
 
 
 def _flat(inputs):
@@ -200,9 +219,9 @@ def before_write(target: Tensor, value: Tensor) -> None:
     with no_grad():                             # snapshot what the new value's nodes read of target
         for n in _fresh_nodes(value, target._grad_fn):
             for i, (t, v) in enumerate(n.versions):
-                if t._storage is target._storage:
+                if _same_memory(t, target):
                     snap = T.clone(t)
-                    n.versions[i] = (snap, snap._storage.version)
+                    n.versions[i] = (snap, _version(snap))
                     n.inputs = [snap if x is t else x for x in n.inputs]
                     n.out = snap if n.out is t else n.out
 
@@ -210,6 +229,18 @@ def before_write(target: Tensor, value: Tensor) -> None:
 def after_write(target: Tensor, value: Tensor) -> None:
     if _mode.enabled and value.requires_grad:
         target.requires_grad, target._grad_fn = True, value._grad_fn
+        target._output_nr = getattr(value, "_output_nr", 0)
+
+
+def composite(op, inputs, params, compute):
+    """A composite op with its own formula in DERIVATIVES (gelu): its pieces run without recording
+    and one node stands for the whole, so its backward is the formula (Listing 9.3's kernel)."""
+    if not _mode.enabled or not any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+        return compute()
+    with no_grad():
+        out = compute()
+    record(op, inputs, params, [out])
+    return out
 
 
 # ---- The engine ----
@@ -240,17 +271,44 @@ def _accumulate(store: dict, key, g):
     store[key] = g if key not in store else store[key] + g
 
 
+def _push(pending: dict, node, nr: int, g):
+    """Add gradient `g` of output `nr` of `node`; a node of several outputs keeps one per output."""
+    if node.n_outputs == 1:
+        _accumulate(pending, node, g)
+        return
+    slots = pending.setdefault(node, [None] * node.n_outputs)
+    slots[nr] = g if slots[nr] is None else slots[nr] + g
+
+
+def _apply(node, g, create_graph):
+    """The gradients of `node`'s inputs: its formula, or the node's own `apply` (a compiled region)."""
+    if hasattr(node, "apply"):
+        if create_graph:
+            raise NotImplementedError(
+                "stax: create_graph=True (a double backward) through a stax.compile'd function is not "
+                "supported: its backward is a compiled artifact with no history. Call the function "
+                "uncompiled (its .fn) for higher-order gradients.")
+        return node.apply(g)
+    formula = DERIVATIVES.get(node.op)
+    if formula is None:
+        raise NotImplementedError(
+            f"stax autograd: the derivative of {node.op} is not implemented, and a gradient "
+            "reached it. Compute that part under stax.no_grad() or on .detach()ed inputs, or "
+            "add its formula to op_table.DERIVATIVES.")
+    return formula(F, g, node.inputs, node.out, node.params)
+
+
 def _run_backward(roots, grads, retain_graph, create_graph, wanted=None):
-    """Propagate `grads` (root tensor -> gradient) to the leaves. With `wanted` (a dict: node ->
-    non-leaf tensor whose gradient is asked for), returns {tensor: gradient} for leaves and those
+    """Propagate `grads` (root tensor -> gradient) to the leaves. With `wanted` (a dict: (node,
+    output number) -> non-leaf tensor whose gradient is asked for), returns {tensor: gradient} for leaves and those
     tensors (`autograd.grad`); else accumulates into each leaf's `.grad` (`backward`)."""
-    pending = {}                                # Node -> gradient of its output
+    pending = {}                                # Node -> gradient of its output (or outputs)
     found = {}
     for t, g in zip(roots, grads):
         if t._grad_fn is None:
             _accumulate(found, t, g)
         else:
-            _accumulate(pending, t._grad_fn, g)
+            _push(pending, t._grad_fn, getattr(t, "_output_nr", 0), g)
     with set_grad_enabled(create_graph):
         for node in _order([t._grad_fn for t in roots]):
             g = pending.pop(node, None)
@@ -260,26 +318,21 @@ def _run_backward(roots, grads, retain_graph, create_graph, wanted=None):
                 raise RuntimeError("Trying to backward through the graph a second time (or directly "
                                    "access saved tensors after they have already been freed). Specify "
                                    "retain_graph=True on the first backward.")
-            if wanted and node in wanted:
-                _accumulate(found, wanted[node], g)
+            for nr in range(node.n_outputs) if wanted else ():
+                if (node, nr) in wanted and (node.n_outputs == 1 or g[nr] is not None):
+                    _accumulate(found, wanted[node, nr], g if node.n_outputs == 1 else g[nr])
             node.check_versions()
-            formula = DERIVATIVES.get(node.op)
-            if formula is None:
-                raise NotImplementedError(
-                    f"stax autograd: the derivative of {node.op} is not implemented, and a gradient "
-                    "reached it. Compute that part under stax.no_grad() or on .detach()ed inputs, or "
-                    "add its formula to op_table.DERIVATIVES.")
-            outs = formula(F, g, node.inputs, node.out, node.params)
+            outs = _apply(node, g, create_graph)
             for edge, gi in zip(node.edges, outs):
                 if edge is None or gi is None:
                     continue
-                fn, t = edge
+                fn, t, nr = edge
                 if gi.dtype is not t.dtype:
                     gi = T.to_dtype(gi, t.dtype)
                 if fn is None:
                     _accumulate(found, t, gi)
                 else:
-                    _accumulate(pending, fn, gi)
+                    _push(pending, fn, nr, gi)
             if not retain_graph:
                 node.freed = True
     if wanted is not None:
@@ -327,7 +380,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         grad_outputs = [grad_outputs] * len(outputs) if grad_outputs is None else [grad_outputs]
     retain = create_graph if retain_graph is None else retain_graph
     # a non-leaf input: its gradient is what arrives at the node that computed it
-    stops = {t._grad_fn: t for t in inputs if t._grad_fn is not None}
+    stops = {(t._grad_fn, getattr(t, "_output_nr", 0)): t for t in inputs if t._grad_fn is not None}
     found = _run_backward(outputs, _root_grads(outputs, grad_outputs), retain, create_graph, stops)
     result = []
     for t in inputs:
@@ -407,7 +460,7 @@ def _index(g, indices, p):
 
 
 F = SimpleNamespace(
-    where=T.where, exp=T.exp, sin=T.sin, cos=T.cos, log=T.log, sign=T.sign, floor=T.floor, pow=T.pow,
+    where=T.where, exp=T.exp, erf=T.erf, mul=T.mul, add=T.add, sin=T.sin, cos=T.cos, log=T.log, sign=T.sign, floor=T.floor, pow=T.pow,
     trunc=T.trunc, flip=lambda g, dims: _flip(g, *dims),
     sum=T.sum, prod=T.prod, cumsum=T.cumsum, permute=T.permute, reshape=T.reshape, to_dtype=T.to_dtype,
     sum_to=_sum_to, unreduce=_unreduce, slice_grad=_slice_grad, select_grad=_select_grad,
@@ -442,4 +495,5 @@ Tensor.detach = _detach
 Tensor.grad_fn = property(lambda self: self._grad_fn)
 Tensor.is_leaf = property(lambda self: self._grad_fn is None)
 # (the module itself: `stax.tensor` the attribute is the factory function of the same name)
-sys.modules[Tensor.__module__]._AUTOGRAD = SimpleNamespace(record=record, before_write=before_write, after_write=after_write)
+sys.modules[Tensor.__module__]._AUTOGRAD = SimpleNamespace(record=record, before_write=before_write, after_write=after_write,
+                                                          composite=composite)

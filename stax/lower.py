@@ -245,8 +245,13 @@ def _lower_pointwise(node, args) -> Value:
     loaders = [_broadcast_loader(v, out_shape) for v in vals]
     fn = "truediv" if op == "div" else op
 
+    # a scalar on the left (`0.5 * t`, Listing 9.3) is printed after the tensor operand it meets
+    order = [1, 0] if len(args) == 2 and not isinstance(args[0], Value) and isinstance(args[1], Value) \
+        else list(range(len(args)))
+
     def body(idx):
-        return getattr(ops, fn)(*[_cast(l(idx), v, cdt, r) for l, v, r in zip(loaders, vals, rounds)])
+        got = {k: _cast(loaders[k](idx), vals[k], cdt, rounds[k]) for k in order}
+        return getattr(ops, fn)(*[got[k] for k in range(len(args))])
     return Value(out_shape, out_dtype, body, cost=1 + sum(v.cost for v in vals))
 
 

@@ -412,6 +412,16 @@ OPS = {d.name: d for d in [
 # one (cumprod, sort, ...) makes backward raise when a gradient reaches it, never drop the path.
 
 _LN2 = math.log(2.0)
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_grad(F, g, ins, out, p):
+    """GELU'(x) = Phi(x) + x phi(x) (§5.5), written in Listing 9.3's order: g * (cdf + x * pdf)."""
+    (x,) = ins
+    cdf = F.mul(0.5, F.add(1.0, F.erf(x * _SQRT1_2)))
+    pdf = F.mul(_INV_SQRT_2PI, F.exp(F.mul(-0.5, x * x)))
+    return (g * (cdf + x * pdf),)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
@@ -472,6 +482,7 @@ DERIVATIVES = {
     "tanh": _unary_grad(lambda F, g, x, y: g * (1 - y * y)),
     "sigmoid": _unary_grad(lambda F, g, x, y: g * y * (1 - y)),
     "erf": _unary_grad(lambda F, g, x, y: g * _TWO_OVER_SQRT_PI * F.exp(-(x * x))),
+    "gelu": _gelu_grad,         # a composite (tensor_ops.gelu) that autograd sees as one node
     "log1p": _unary_grad(lambda F, g, x, y: g / (1 + x)),
     "expm1": _unary_grad(lambda F, g, x, y: g * (y + 1)),
     "relu": _unary_grad(lambda F, g, x, y: F.where(y > 0, g, 0.0)),

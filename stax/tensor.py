@@ -649,6 +649,8 @@ def _write(target, value):
         _AUTOGRAD.before_write(target, value)
     if tracer is not None and (_is_proxy(target) or _is_proxy(value)):
         tracer.mutate(target, value)
+        if _AUTOGRAD is not None:       # (a compiled training step's capture: §5, aot_autograd.py)
+            _AUTOGRAD.after_write(target, value)
         return
     _write_data(target, value)
     target._storage.version += 1
