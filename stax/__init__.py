@@ -11,13 +11,13 @@ capture.py (§3) → lower.py (§6) → schedule.py (§7) → codegen_cpp.py (§
 → runtime.py (loading, §11.1 artifact cache). This module is the top of that stack (§2).
 
 Where to look:
-  - `compile`, `CompiledFunction` ........ §2 specialization key, artifact cache, recompile limit,
+  - `compile`, `CompiledFunction` ........ §2 artifact cache (keys from specialize.py), recompile limit,
                                             one compile per key across threads (a lock per function)
   - `_reads_of`, `_guard_key` ............. §2 guards on what the function reads besides its arguments
                                             (globals, closure cells, attributes, attributes of its
                                             argument objects): rebinding recompiles
   - `_lookup_dynamic`, `_auto_dims` ...... §10.4 dynamic and automatic dynamic (the default) mode;
-                                            `_sized_ints`: int arguments as sizes; `_note_floats`:
+                                            `sized_ints`: int arguments as sizes; `_note_floats`:
                                             float arguments as run-time scalars (kernel parameters)
   - `_admit` ............................. §2.4 the recompile and cumulative compile limits
   - `generate`, `Generated` .............. the generated code without running it
@@ -28,7 +28,6 @@ from __future__ import annotations
 import builtins
 import dis
 import functools
-import math
 import os
 import re
 import sys
@@ -42,9 +41,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import capture as _capture
+from .specialize import (Rekey, arg_at, describe_change, describe_dims, dynamic_dims,  # noqa: F401
+                         dynamic_inputs, family_key_of, floats_of, key_of, mark_dynamic, mark_static,
+                         rank_key_of, sized_ints, user_stacklevel)
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .dtypes import bool_ as _bool
-from .tensor import Meta, Storage, Tensor, _ALIASES, current_tracer, get_num_threads
+from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
@@ -100,155 +101,6 @@ def _log(stage: str, title: str, text: str):
         observe(stage, title, text)
     if stage in _logs():
         print(f"==== stax {stage}: {title} ====\n{text.rstrip()}\n", file=sys.stderr)
-
-
-# ---- §2 The specialization key ----
-
-
-def _key_of(x):
-    if x.__class__ is Tensor:
-        m = x._meta
-        return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
-    if x.__class__ is builtins.float and (x != x or x == 0):
-        # -0.0 == 0.0 but 1/-0.0 is -inf; NaN != NaN would miss its own key on every call
-        return ("float", "nan" if x != x else x, math.copysign(1.0, x))
-    # builtins.*: this module's globals `bool`, `int`, `float` are the dtype aliases stax.bool, ...
-    if isinstance(x, (builtins.bool, builtins.int, builtins.float, str, type(None))):
-        return (type(x).__name__, x)
-    if isinstance(x, (tuple, list)):
-        return (type(x).__name__, tuple(_key_of(y) for y in x))
-    if isinstance(x, dict):
-        return ("dict", tuple((k, _key_of(v)) for k, v in x.items()))
-    if isinstance(x, np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
-        return ("ndarray",)
-    return ("object", id(x))
-
-
-def _rank_key_of(x):
-    """§10.4 dynamic mode: a tensor's key holds its rank and which dims are 0 or 1 (specialized),
-    not its sizes; the rest of the layout is checked by each artifact's guard function. An int
-    argument >= 2 is a size too (`_sized_ints`): its value is checked by the guard function."""
-    if x.__class__ is Tensor:
-        m = x._meta
-        return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
-    if x.__class__ is builtins.int and x >= 2:
-        return ("int",)
-    return _key_of(x)
-
-
-def _family_key_of(x):
-    """Automatic dynamic: calls whose tensors differ only in sizes (and whose int arguments differ
-    only in value) are one family."""
-    if x.__class__ is Tensor:
-        m = x._meta
-        return ("tensor", m.dtype.name, m.device, len(m.shape))
-    if x.__class__ is builtins.int and x >= 2:
-        return ("int",)
-    return _key_of(x)
-
-
-_CARRIER_STORAGE = Storage(np.zeros(1, np.bool_))
-
-
-def _sized_ints(args, kwargs) -> list:
-    """§10.4: the int arguments (top level, >= 2) that dynamic mode may make symbols, each carried
-    as the size of a stride-0 1-D tensor (no memory of its own): (position or keyword, carrier).
-    The guard function and the wrapper then read it like any size; 0, 1 and negative ints stay in
-    the key by value."""
-    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.int and a >= 2]
-    if kwargs:
-        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.int and kwargs[k] >= 2]
-    return [(where, Tensor._make(_CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
-
-
-def _floats_of(args, kwargs) -> list:
-    """(position or keyword, value) of a call's top-level float arguments (§10.4)."""
-    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.float]
-    if kwargs:
-        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.float]
-    return out
-
-
-def _arg_at(args, kwargs, where):
-    return kwargs[where] if isinstance(where, str) else args[where]
-
-
-class _Rekey(Exception):
-    """A float argument was specialized while capturing (capture.SpecializeScalar): key the call
-    again, that argument now by value."""
-
-
-def _user_stacklevel() -> int:
-    """warnings.warn's stacklevel that names the user's line (the first frame outside stax/)."""
-    here, level, frame = os.path.dirname(__file__), 1, sys._getframe(1)
-    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
-        level, frame = level + 1, frame.f_back
-    return level
-
-
-def _describe_dims(dims: dict, sized: list) -> str:
-    """The dims that become symbols, in words: tensor inputs by position, then int arguments."""
-    first_int = builtins.max(dims, default=-1) + 1 - len(sized)
-    return ", ".join(f"int argument {sized[p - first_int][0]!r}" if p >= first_int else
-                     f"tensor input {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
-                     for p, ds in dims.items() if ds)
-
-
-def _dynamic_dims(args, kwargs, auto=None, ints=0) -> dict:
-    """Input position (capture's placeholder order) -> the dims that become symbols: every dim
-    of a tensor argument (or those `auto` lists), none of a tensor inside a list, tuple or dict
-    (those stay specialized, §10.4); then the `ints` carriers of int arguments."""
-    out, pos = {}, 0
-    for top in list(args) + [kwargs[k] for k in sorted(kwargs or {})]:
-        for t in _capture.input_tensors([top]):
-            if t is not top:
-                out[pos] = ()
-            elif auto is not None:
-                out[pos] = tuple(auto.get(pos, ()))
-            else:
-                marked = getattr(t, "_stax_static", ())
-                out[pos] = tuple(d for d in range(t.ndim) if d not in marked)
-            pos += 1
-    for p in range(pos, pos + ints):
-        out[p] = (0,) if auto is None else tuple(auto.get(p, ()))
-    return out
-
-
-def _dynamic_inputs(args, kwargs) -> list:
-    """What a dynamic artifact's guard function and wrapper read: the call's tensors, then the
-    carriers of its int arguments."""
-    return _capture.input_tensors(args, kwargs) + [c for _, c in _sized_ints(args, kwargs)]
-
-
-def mark_dynamic(t, dim):
-    """`stax.mark_dynamic(t, dim)`: the next compile of a function taking `t` makes its dim `dim`
-    a symbol even on the first call (automatic dynamic mode, `dynamic=None`)."""
-    dims = set(getattr(t, "_stax_dynamic", ())) | {dim % builtins.max(t.ndim, 1)}
-    t._stax_dynamic = tuple(sorted(dims))
-
-
-def mark_static(t, dim):
-    """`stax.mark_static(t, dim)`: dim `dim` of `t` stays a concrete size, even with dynamic=True."""
-    dims = set(getattr(t, "_stax_static", ())) | {dim % builtins.max(t.ndim, 1)}
-    t._stax_static = tuple(sorted(dims))
-
-
-def _describe_change(old, new) -> str:
-    """Which part of the key differs: the guard that failed, in words."""
-    shared = [_capture.describe_aliasing(k[-1] if k and k[-1][0] == "aliasing" else None) for k in (old, new)]
-    if shared[0] != shared[1]:
-        return f"tensor inputs sharing memory changed from {shared[0]} to {shared[1]}"
-    for i, (a, b) in enumerate(zip(old, new)):
-        if a == b:
-            continue
-        if a[0] == "tensor" and b[0] == "tensor":
-            for what, k in (("dtype", 1), ("device", 2), ("size", 3), ("stride", 4)):
-                if a[k] != b[k]:
-                    return f"argument {i}: tensor {what} changed from {a[k]} to {b[k]}"
-        if ("scalar",) in (a, b) or ("scalar",) in (a[1:], b[1:]):
-            return f"argument {i}: a float passed at run time, or keyed by value"
-        return f"argument {i} changed from {a[1:]!r} to {b[1:]!r}"
-    return "the number of arguments changed"
 
 
 # ---- §2 Guards on what the function reads besides its arguments ----
@@ -426,7 +278,7 @@ def _guard_key(v, lifted: list):
         m = v._meta
         return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
     if isinstance(v, _PLAIN):
-        return _key_of(v)
+        return key_of(v)
     if isinstance(v, (complex, bytes)):
         return (type(v).__name__, v)
     if isinstance(v, np.ndarray):
@@ -581,7 +433,7 @@ class CompiledFunction:
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
-    def _key(self, args, kwargs, lifted, alias, key_of=_key_of):
+    def _key(self, args, kwargs, lifted, alias, key_of=key_of):
         key = tuple([key_of(a) for a in args])
         if kwargs:
             key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
@@ -615,8 +467,8 @@ class CompiledFunction:
             if where in self.scalars or where in self.scalar_static:
                 continue
             if self.dynamic is None:
-                first = self.scalar_first.setdefault(where, _key_of(v))
-                if first == _key_of(v):
+                first = self.scalar_first.setdefault(where, key_of(v))
+                if first == key_of(v):
                     continue
             with self._lock:
                 base = where if isinstance(where, str) else \
@@ -628,7 +480,7 @@ class CompiledFunction:
 
     def _scalar_args(self, args, kwargs) -> list:
         """(where, name) of the run-time float arguments of this call, in the kernels' order."""
-        floats = _floats_of(args, kwargs)
+        floats = floats_of(args, kwargs)
         return [(w, self.scalars[w]) for w, _ in floats if w in self.scalars]
 
     def __call__(self, *args, **kwargs):
@@ -658,14 +510,14 @@ class CompiledFunction:
             args = tuple(args)
         alias = _capture.call_aliasing(args, kwargs)    # None unless two tensor inputs share memory
         if self.dynamic is not False:
-            floats = _floats_of(args, kwargs)
+            floats = floats_of(args, kwargs)
             if floats:
                 self._note_floats(floats)
         while True:
             try:
                 entry, lifted = self._entry(args, kwargs, alias)
                 break
-            except _Rekey:                      # a float argument is now keyed by value
+            except Rekey:                      # a float argument is now keyed by value
                 continue
         if converted is None and not kwargs and entry is not None and _RUN_REGISTRY is None:
             self._remember(args, entry, alias)
@@ -803,13 +655,13 @@ class CompiledFunction:
         inputs = [a for a in args if a.__class__ is Tensor] if flat is True and not kwargs else \
             _capture.input_tensors(args, kwargs)
         if flat == "sized":                     # a dynamic artifact: int arguments as carriers
-            inputs = _dynamic_inputs(args, kwargs)
+            inputs = dynamic_inputs(args, kwargs)
         if lifts:                               # the tensors those names hold now, not at capture
             consts = list(consts)
             for pos, k in lifts:
                 consts[pos] = lifted[k]
         if floats:                              # run-time float arguments, after the constants
-            consts = list(consts) + [_arg_at(args, kwargs, w) for w in floats]
+            consts = list(consts) + [arg_at(args, kwargs, w) for w in floats]
         if alias is None:
             outs = call(inputs + consts)
             return _capture.unflatten(spec, iter(outs), inputs)
@@ -827,10 +679,10 @@ class CompiledFunction:
             if entry is not _MISS:
                 return entry, lifted
             lifted.clear()                      # (the rank key lists the same reads again)
-        rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
+        rkey = self._key(args, kwargs, lifted, None, rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
-            inputs = inputs if inputs is not None else _dynamic_inputs(args, kwargs)
+            inputs = inputs if inputs is not None else dynamic_inputs(args, kwargs)
             if guard(inputs):
                 return entry, lifted
         with self._lock:
@@ -840,8 +692,8 @@ class CompiledFunction:
     def _compile_dynamic(self, args, kwargs, lifted):
         """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
         self._reread()
-        rkey = self._key(args, kwargs, lifted, None, _rank_key_of)
-        inputs = _dynamic_inputs(args, kwargs)
+        rkey = self._key(args, kwargs, lifted, None, rank_key_of)
+        inputs = dynamic_inputs(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
@@ -850,21 +702,21 @@ class CompiledFunction:
         if self.dynamic is None:
             if key in self.artifacts:                       # another thread compiled it static
                 return self.artifacts[key]
-            dims = self._auto_dims(self._key(args, kwargs, [], None, _family_key_of), inputs)
+            dims = self._auto_dims(self._key(args, kwargs, [], None, family_key_of), inputs)
             if dims is None:            # the first call of its family (or no size changed): static
                 return self._compile(key, args, kwargs, lifted)[0]
         name = getattr(self.fn, "__name__", "fn")
         change = self._describe(key) if self.last_key is not None else None
         _log("recompiles", name, f"recompiling {name}: {change}; sizes that changed become symbols "
-             f"({_describe_dims(dims, _sized_ints(args, kwargs))})" if change and dims is not None else
+             f"({describe_dims(dims, sized_ints(args, kwargs))})" if change and dims is not None else
              f"recompiling {name}: {change}" if change else f"compiling {name} with symbolic sizes")
         admit = self._admit(name, change or "new sizes")
         if admit == "eager":
             self.guarded.setdefault(rkey, []).append((lambda inputs: True, None))
             return None
         self.last_key = key
-        sized = _sized_ints(args, kwargs)
-        dims = _dynamic_dims(args, kwargs, dims, len(sized))
+        sized = sized_ints(args, kwargs)
+        dims = dynamic_dims(args, kwargs, dims, len(sized))
         guard, entry = self._build_dynamic(args, kwargs, lifted, name, dims, inputs, sized)
         if admit == "store":
             self.guarded.setdefault(rkey, []).append((guard, entry))
@@ -968,13 +820,13 @@ class CompiledFunction:
                 self._warned.add("eager")
                 warnings.warn(f"stax.compile: {name} compiled {COMPILE_LIMIT} times (the cumulative "
                               f"limit, stax.COMPILE_LIMIT); running eagerly from now on for new inputs "
-                              f"(last change: {change}).", stacklevel=_user_stacklevel())
+                              f"(last change: {change}).", stacklevel=user_stacklevel())
             return "eager"
         if "run" not in self._warned:
             self._warned.add("run")
             warnings.warn(msg + "; a new specialization is compiled on each miss and not kept, up to "
                           f"{COMPILE_LIMIT} compiles in all (then eager). dynamic=True or fewer "
-                          "distinct shapes/dtypes avoids it.", stacklevel=_user_stacklevel())
+                          "distinct shapes/dtypes avoids it.", stacklevel=user_stacklevel())
         return "run"
 
     def _describe(self, key) -> str:
@@ -982,8 +834,8 @@ class CompiledFunction:
         if old == key:
             return f"the artifact for these inputs was not kept (past the recompile limit, {RECOMPILE_LIMIT})"
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
-            return _describe_read_change(self.reads, old[-1], key[-1]) or _describe_change(old, key)
-        return _describe_change(old, key)
+            return _describe_read_change(self.reads, old[-1], key[-1]) or describe_change(old, key)
+        return describe_change(old, key)
 
     def _capture(self, name, args, kwargs, **how):
         """(graph, spec), or None after a graph break (logged; fullgraph=True raises instead)."""
@@ -995,7 +847,7 @@ class CompiledFunction:
                 self.scalars.pop(where, None)
                 self.scalar_static.add(where)
             _log("recompiles", name, f"{e}: specialized, keyed by value from now on")
-            raise _Rekey() from None
+            raise Rekey() from None
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}. "

@@ -352,7 +352,7 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     shim = _ModKernel("score_tmp" if is_score else "mask_tmp",
                       {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)})
     if language == "cpp":                 # C++: `auto tmpN = ...;` lines, in a scope of their own
-        from .codegen_cpp import CppPrinter
+        from .cpp_kernel import CppPrinter
         printer = CppPrinter(shim, [0])
     else:
         printer = TritonPrinter(shim)

@@ -1,0 +1,178 @@
+"""§2 The specialization key: what a compiled artifact is reused under, and §10.4's bookkeeping.
+
+Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`) and the front end
+(`capture`); `stax.compile` (`CompiledFunction`) builds its keys and automatic-dynamic decisions
+from these functions.
+
+Consumes a call's arguments; produces hashable keys (static: dtypes, devices, shapes, strides;
+dynamic: ranks and the 0/1 sizes; a family key for automatic dynamic), the int arguments carried
+as sizes, the float arguments passed at run time, and the words the recompiles log uses.
+
+Where to look:
+  - `key_of`, `rank_key_of`, `family_key_of`  the three keys (§2, §10.4 dynamic, automatic dynamic)
+  - `sized_ints`, `dynamic_dims` ............ int arguments as sizes; which dims become symbols
+  - `floats_of`, `Rekey` .................... float arguments passed at run time (§10.4)
+  - `mark_dynamic`, `mark_static` ........... PyTorch's marks on a tensor
+  - `describe_change` ....................... which guard failed, in words (STAX_LOGS=recompiles)
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import os
+import sys
+
+import numpy as np
+
+from . import capture as _capture
+from .dtypes import bool_ as _bool
+from .tensor import Meta, Storage, Tensor
+
+
+# ---- §2 The specialization key ----
+
+
+def key_of(x):
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, m.shape, m.stride)
+    if x.__class__ is builtins.float and (x != x or x == 0):
+        # -0.0 == 0.0 but 1/-0.0 is -inf; NaN != NaN would miss its own key on every call
+        return ("float", "nan" if x != x else x, math.copysign(1.0, x))
+    # builtins.*: this module's globals `bool`, `int`, `float` are the dtype aliases stax.bool, ...
+    if isinstance(x, (builtins.bool, builtins.int, builtins.float, str, type(None))):
+        return (type(x).__name__, x)
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(key_of(y) for y in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, key_of(v)) for k, v in x.items()))
+    if isinstance(x, np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
+        return ("ndarray",)
+    return ("object", id(x))
+
+
+def rank_key_of(x):
+    """§10.4 dynamic mode: a tensor's key holds its rank and which dims are 0 or 1 (specialized),
+    not its sizes; the rest of the layout is checked by each artifact's guard function. An int
+    argument >= 2 is a size too (`sized_ints`): its value is checked by the guard function."""
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, tuple(s if s < 2 else None for s in m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
+    return key_of(x)
+
+
+def family_key_of(x):
+    """Automatic dynamic: calls whose tensors differ only in sizes (and whose int arguments differ
+    only in value) are one family."""
+    if x.__class__ is Tensor:
+        m = x._meta
+        return ("tensor", m.dtype.name, m.device, len(m.shape))
+    if x.__class__ is builtins.int and x >= 2:
+        return ("int",)
+    return key_of(x)
+
+
+CARRIER_STORAGE = Storage(np.zeros(1, np.bool_))
+
+
+def sized_ints(args, kwargs) -> list:
+    """§10.4: the int arguments (top level, >= 2) that dynamic mode may make symbols, each carried
+    as the size of a stride-0 1-D tensor (no memory of its own): (position or keyword, carrier).
+    The guard function and the wrapper then read it like any size; 0, 1 and negative ints stay in
+    the key by value."""
+    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.int and a >= 2]
+    if kwargs:
+        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.int and kwargs[k] >= 2]
+    return [(where, Tensor._make(CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
+
+
+def floats_of(args, kwargs) -> list:
+    """(position or keyword, value) of a call's top-level float arguments (§10.4)."""
+    out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.float]
+    if kwargs:
+        out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.float]
+    return out
+
+
+def arg_at(args, kwargs, where):
+    return kwargs[where] if isinstance(where, str) else args[where]
+
+
+class Rekey(Exception):
+    """A float argument was specialized while capturing (capture.SpecializeScalar): key the call
+    again, that argument now by value."""
+
+
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the user's line (the first frame outside stax/)."""
+    here, level, frame = os.path.dirname(os.path.abspath(__file__)), 1, sys._getframe(1)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def describe_dims(dims: dict, sized: list) -> str:
+    """The dims that become symbols, in words: tensor inputs by position, then int arguments."""
+    first_int = builtins.max(dims, default=-1) + 1 - len(sized)
+    return ", ".join(f"int argument {sized[p - first_int][0]!r}" if p >= first_int else
+                     f"tensor input {p} dim{'s' if len(ds) > 1 else ''} {', '.join(map(str, ds))}"
+                     for p, ds in dims.items() if ds)
+
+
+def dynamic_dims(args, kwargs, auto=None, ints=0) -> dict:
+    """Input position (capture's placeholder order) -> the dims that become symbols: every dim
+    of a tensor argument (or those `auto` lists), none of a tensor inside a list, tuple or dict
+    (those stay specialized, §10.4); then the `ints` carriers of int arguments."""
+    out, pos = {}, 0
+    for top in list(args) + [kwargs[k] for k in sorted(kwargs or {})]:
+        for t in _capture.input_tensors([top]):
+            if t is not top:
+                out[pos] = ()
+            elif auto is not None:
+                out[pos] = tuple(auto.get(pos, ()))
+            else:
+                marked = getattr(t, "_stax_static", ())
+                out[pos] = tuple(d for d in range(t.ndim) if d not in marked)
+            pos += 1
+    for p in range(pos, pos + ints):
+        out[p] = (0,) if auto is None else tuple(auto.get(p, ()))
+    return out
+
+
+def dynamic_inputs(args, kwargs) -> list:
+    """What a dynamic artifact's guard function and wrapper read: the call's tensors, then the
+    carriers of its int arguments."""
+    return _capture.input_tensors(args, kwargs) + [c for _, c in sized_ints(args, kwargs)]
+
+
+def mark_dynamic(t, dim):
+    """`stax.mark_dynamic(t, dim)`: the next compile of a function taking `t` makes its dim `dim`
+    a symbol even on the first call (automatic dynamic mode, `dynamic=None`)."""
+    dims = set(getattr(t, "_stax_dynamic", ())) | {dim % builtins.max(t.ndim, 1)}
+    t._stax_dynamic = tuple(sorted(dims))
+
+
+def mark_static(t, dim):
+    """`stax.mark_static(t, dim)`: dim `dim` of `t` stays a concrete size, even with dynamic=True."""
+    dims = set(getattr(t, "_stax_static", ())) | {dim % builtins.max(t.ndim, 1)}
+    t._stax_static = tuple(sorted(dims))
+
+
+def describe_change(old, new) -> str:
+    """Which part of the key differs: the guard that failed, in words."""
+    shared = [_capture.describe_aliasing(k[-1] if k and k[-1][0] == "aliasing" else None) for k in (old, new)]
+    if shared[0] != shared[1]:
+        return f"tensor inputs sharing memory changed from {shared[0]} to {shared[1]}"
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a == b:
+            continue
+        if a[0] == "tensor" and b[0] == "tensor":
+            for what, k in (("dtype", 1), ("device", 2), ("size", 3), ("stride", 4)):
+                if a[k] != b[k]:
+                    return f"argument {i}: tensor {what} changed from {a[k]} to {b[k]}"
+        if ("scalar",) in (a, b) or ("scalar",) in (a[1:], b[1:]):
+            return f"argument {i}: a float passed at run time, or keyed by value"
+        return f"argument {i} changed from {a[1:]!r} to {b[1:]!r}"
+    return "the number of arguments changed"
