@@ -492,16 +492,9 @@ class CompiledFunction:
                 return out
         if current_tracer() is not None:        # called from inside another compiled function: inline it
             return self.fn(*args, **kwargs)
+        self._prepare(args, kwargs)
         if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
             return self._call_training(args, kwargs)    # §5: a forward and a backward artifact
-        if _RUN_REGISTRY is not None:
-            self.last_inputs = (args, kwargs)
-        if _tuning._precision[0] is not self._precision:
-            self._precision_changed()
-        if self.reads is None:
-            with self._lock:
-                if self.reads is None:
-                    self.reads = _reads_of(self.fn)
         called = (args, kwargs)                 # (what eager runs: the ndarrays themselves)
         converted = _capture.ndarray_inputs(args, kwargs)
         if converted is not None:               # ndarray arguments: zero-copy tensor inputs
@@ -571,10 +564,9 @@ class CompiledFunction:
                 return _MISS
         return self._run(entry, args, {}, lifted, alias)
 
-    def _call_training(self, args, kwargs):
-        """§5: inputs require grad: the joint graph's forward artifact, its results wired into
-        autograd (aot_autograd.py). Static sizes; the key also holds which inputs require grad."""
-        from . import aot_autograd
+    def _prepare(self, args, kwargs):
+        """Before a call looks up its artifact: the CLI's record of the inputs, a changed matmul
+        precision (compile again), and on the first call the reads to guard."""
         if _RUN_REGISTRY is not None:
             self.last_inputs = (args, kwargs)
         if _tuning._precision[0] is not self._precision:
@@ -583,6 +575,11 @@ class CompiledFunction:
             with self._lock:
                 if self.reads is None:
                     self.reads = _reads_of(self.fn)
+
+    def _call_training(self, args, kwargs):
+        """§5: inputs require grad: the joint graph's forward artifact, its results wired into
+        autograd (aot_autograd.py). Static sizes; the key also holds which inputs require grad."""
+        from . import aot_autograd
         lifted, alias = [], _capture.call_aliasing(args, kwargs)
         grads = tuple(t.requires_grad for t in _capture.input_tensors(args, kwargs))
         key = ("requires_grad", grads) + self._key(args, kwargs, lifted, alias)
