@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
+                                ModText, contiguous_operand,
                                 DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
@@ -249,6 +250,17 @@ class BlockMask:
                                         self.full_kv_indices)]
         return BlockMask(*moved, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod)
 
+    def _stax_flatten(self):
+        """For stax.compile: the four arrays are tensors of the call (capture makes them graph
+        inputs, the key holds their layouts), so a new mask of the same shape reuses the artifact."""
+        return ([self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices],
+                lambda ts: BlockMask(*ts, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod))
+
+    def _stax_key(self) -> tuple:
+        """The rest of the specialization key: sizes, and mask_mod (traced into the code) with
+        the values it reads."""
+        return (self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod, _reads(self.mask_mod))
+
 
 def _index_grids(b: int, h: int, m: int, n: int, device="cpu") -> list:
     """int32 tensors b, h, q_idx, kv_idx that broadcast to [B, H, M, N] (what the mods receive)."""
@@ -374,14 +386,16 @@ def _cpp_forward(q, k, v, spec, block_mask=None):
     """BACKEND='CPP': the C++ template on contiguous float32 copies (half types widened first)."""
     from .cache import load_cpp, prelude
     arrays = [np.ascontiguousarray(_host(t), np.float32) for t in (q, k, v)]
+    spec.q, spec.k, spec.v = (contiguous_operand(a.shape) for a in arrays)
+    spec.out = contiguous_operand(arrays[0].shape)
     blocks = [np.zeros(1, np.int32)] * 4
-    shape = ()
     if block_mask is not None:
         blocks = [np.ascontiguousarray(t.cpu()._compute(), np.int32) for t in
                   (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                    block_mask.full_kv_indices)]
-        shape = blocks[1].shape
-    src, cdef = cpp_template(spec, shape)
+        spec.sparse = (*block_mask.BLOCK_SIZE, contiguous_operand(blocks[0].shape + (1,)),
+                       contiguous_operand(blocks[1].shape))
+    src, cdef = cpp_template(spec)
     if src not in _KERNELS:                  # (load_cpp hashes the compiler's identity each call)
         _KERNELS[src] = load_cpp(prelude() + src, cdef)
     ffi, lib = _KERNELS[src]
@@ -425,7 +439,6 @@ def _cpp_omni(q, k, v, spec, score_mod, block_mask):
         spec.score_mod = trace_mod(score_mod, True, "cpp")
     if block_mask is not None:
         _check_block_mask(spec, block_mask)
-        spec.sparse = (*block_mask.BLOCK_SIZE, None, None)
         spec.mask_mod = trace_mod(block_mask.mask_mod, False, "cpp")
     return _cpp_forward(q, k, v, spec, block_mask)
 
@@ -444,6 +457,42 @@ def _eager_omni(q, k, v, score_mod, block_mask, scale):
     return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
 
 
+def _mod_text(fn, is_score: bool) -> ModText:
+    return ModText(trace_mod(fn, is_score, "triton"), trace_mod(fn, is_score, "cpp"))
+
+
+def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
+    """Under stax.compile: one `omni_attn` node whose params hold the traced mods, its inputs q, k,
+    v and the block mask's arrays; the back ends print it as the Triton or the C++ template. On
+    the CPU half types are widened to float32 around it (pointwise casts that fuse with their
+    neighbours), as the C++ template computes. What no template runs is a graph break (eager)."""
+    tracer = current_tracer()
+    if return_lse:
+        tracer.graph_break("omni_attention(return_lse=True) under stax.compile (the LSE is no graph output)")
+    if backend == "TRITON_DECODE":
+        tracer.graph_break("omni_attention with BACKEND='TRITON_DECODE' (two kernels of its own)")
+    spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale)
+    if spec is None:
+        tracer.graph_break(f"omni_attention on q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype.name}: no "
+                           "template covers it (static sizes, head dim <= 256, float32/float16/bfloat16)")
+    inputs = [q, k, v]
+    params = {"scale": spec.scale, "score_mod": None if score_mod is None else _mod_text(score_mod, True),
+              "mask_mod": None, "block": None}
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        arrays, _ = block_mask._stax_flatten()
+        if any(t.device != q.device for t in arrays):
+            tracer.graph_break(f"omni_attention with the block mask on {arrays[0].device} and q on "
+                               f"{q.device} (build it with create_block_mask(..., device=q.device))")
+        inputs += arrays
+        params.update(mask_mod=_mod_text(block_mask.mask_mod, False), block=tuple(block_mask.BLOCK_SIZE))
+    widen = q.device == "cpu" and q.dtype is not float32
+    if widen:
+        inputs[:3] = [t.to(float32) for t in inputs[:3]]
+    out = _op("omni_attn", inputs, params, _meta(tuple(q.shape), inputs[0].dtype, q.device))
+    return out.to(q.dtype) if widen else out
+
+
 def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None):
     """Attention with a programmable score: score_mod(score, b, h, q_idx, kv_idx) rewrites each
@@ -452,9 +501,9 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
         raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
-    if current_tracer() is not None:      # the template is itself the compiled kernel
-        current_tracer().graph_break("omni_attention launches its own template kernel")
     backend = _backend(kernel_options, query.device)
+    if current_tracer() is not None:      # stax.compile: one graph node, printed as the template
+        return _traced_omni(query, key, value, score_mod, block_mask, scale, return_lse, backend)
     if backend != "EAGER":
         spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query),
                          query.dtype.name, scale)

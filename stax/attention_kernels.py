@@ -150,6 +150,19 @@ class ModBody:
     result: str
 
 
+@dataclass(frozen=True)
+class ModText:
+    """A traced score_mod or mask_mod as a parameter of a graph's `omni_attn` node: its body as
+    each back end's printer wrote it. Its repr (in the graph text, hence the artifact key) is
+    that text, so the same traced function gives the same node."""
+    triton: ModBody
+    cpp: ModBody
+
+    def __repr__(self):
+        return "mod{" + "; ".join(self.triton.lines + [self.triton.result, "|"] + self.cpp.lines
+                                  + [self.cpp.result]) + "}"
+
+
 @dataclass
 class AttentionSpec:
     q: Operand
@@ -366,8 +379,35 @@ def make_spec(q, k, v, out, dtype, scale=None, is_causal=False, mask=None, mask_
                          origins=list(origins))
 
 
+def _block_operand(shape, stride, offset) -> Operand | None:
+    """A block mask's count array [B, H, QB] as 4-D (a trailing dim of 1), its index array as is."""
+    if len(shape) == 3:
+        shape, stride = tuple(shape) + (1,), tuple(stride) + (1,)
+    return as_operand(shape, stride, offset)
+
+
+def omni_extern_spec(e, lowered, language: str = "triton") -> tuple:
+    """(AttentionSpec, the buffers the launch reads) of an `omni_attn` node (attention.py records
+    it under stax.compile): q, k, v [, the block mask's four arrays], its mods' bodies printed
+    for `language` ('triton' or 'cpp'). The node was recorded only for inputs the template runs."""
+    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    names = [o[0] for o in ops]
+    out = as_operand(e.layout.shape, e.layout.stride, 0)
+    spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, ops[0][1], e.params["scale"], origins=e.origins)
+    if spec is None or ops[0][1] != e.dtype.name:
+        raise RuntimeError(f"stax internal error: the omni_attn node {e.name} does not fit the template")
+    pick = lambda mod: None if mod is None else getattr(mod, language)      # noqa: E731
+    spec.score_mod, spec.mask_mod = pick(e.params["score_mod"]), pick(e.params["mask_mod"])
+    if e.params["block"]:
+        layouts = [lowered.buffer(x).layout if isinstance(x, str) else x.layout for x in e.inputs[3:5]]
+        spec.sparse = (*e.params["block"], *(_block_operand(x.shape, x.stride, x.offset) for x in layouts))
+    return spec, names
+
+
 def extern_spec(e, lowered) -> tuple:
     """(AttentionSpec or None, the names of the buffers the launch reads) of an `sdpa` node."""
+    if e.op == "omni_attn":
+        return omni_extern_spec(e, lowered)
     if e.op != "sdpa" or not e.inputs or not all(hasattr(x, "buffer") or isinstance(x, str)
                                                  for x in e.inputs):
         return None, []
@@ -468,7 +508,7 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
     return out
 
 
-# ---- §9.10 The C++ template (BACKEND="CPP"): the same triple, one query row per iteration ----
+# ---- §9.10 The C++ template (BACKEND="CPP" and compiled CPU code): the same triple, a tile of query rows ----
 
 _CPP_ROW = """
 extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
@@ -482,25 +522,26 @@ extern "C" void {name}(const float* q, const float* k, const float* v, const int
         for (int64_t t = 0; t < tiles; ++t) {{
             const int64_t b = bh / {h}, h = bh % {h}, hk = h / {groups};
             const int64_t i0 = t * QT, i1 = std::min<int64_t>({m}, i0 + QT), rows = i1 - i0;
-            const float* qt = q + (bh * {m} + i0) * {d};
-            const float* kh = k + (b * {hk} + hk) * {n} * {d};
-            const float* vh = v + (b * {hk} + hk) * {n} * {d};
+            (void)b, (void)hk;
+            const float* qt = q + ({q_base});
+            const float* kh = k + ({k_base});
+            const float* vh = v + ({v_base});
             float m_i[QT], l_i[QT], acc[QT][{d}], sc[QT][KB], qT[{d}][QT];
             for (int64_t r = 0; r < QT; ++r) {{
                 m_i[r] = -INFINITY;
                 l_i[r] = 0.0f;
                 for (int64_t c = 0; c < {d}; ++c) acc[r][c] = 0.0f;
-                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[r * {d} + c] : 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[{q_elem}] : 0.0f;
             }}
             auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
                 (void)partial;
                 for (int64_t j0 = lo; j0 < hi; j0 += KB) {{
                     const int64_t j1 = std::min<int64_t>(hi, j0 + KB);
                     for (int64_t j = j0; j < j1; ++j) {{
-                        const float* kj = kh + j * {d};
+                        const float* kj = kh + {k_row};
                         float dots[QT] = {{0}};          // the tile's rows in the vector lanes
                         for (int64_t c = 0; c < {d}; ++c) {{
-                            const float kc = kj[c];
+                            const float kc = kj[{k_col}];
                             for (int64_t r = 0; r < QT; ++r) dots[r] += qT[c][r] * kc;
                         }}
                         for (int64_t r = 0; r < rows; ++r) {{
@@ -531,24 +572,45 @@ extern "C" void {name}(const float* q, const float* k, const float* v, const int
                         m_i[r] = m_new;
                     }}
                     for (int64_t j = j0; j < j1; ++j) {{
-                        const float* vj = vh + j * {d};
+                        const float* vj = vh + {v_row};
                         for (int64_t r = 0; r < rows; ++r) {{
                             const float p = sc[r][j - j0];
-                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[c];
+                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[{v_col}];
                         }}
                     }}
                 }}
             }};
 {loops}
             for (int64_t r = 0; r < rows; ++r) {{
-                float* oi = out + (bh * {m} + i0 + r) * {d};
-                for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[r][c] / l_i[r];
-                lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
+                float* oi = out + ({o_base}) + r * {o_row};
+                for (int64_t c = 0; c < {d}; ++c) oi[{o_col}] = acc[r][c] / l_i[r];
+                if (lse) lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
             }}
         }}
     }}
 }}
 """
+
+
+def contiguous_operand(shape) -> Operand:
+    """The Operand of a contiguous 4-D array of this shape."""
+    shape, stride, acc = tuple(int(s) for s in shape), [], 1
+    for s in reversed(shape):
+        stride.insert(0, acc)
+        acc *= max(s, 1)
+    return Operand(shape, tuple(stride))
+
+
+def _cpp_mul(var: str, stride: int) -> str:
+    return "0" if stride == 0 else var if stride == 1 else f"{var} * {stride}"
+
+
+def _cpp_base(x: Operand, b: str, h: str, row: str) -> str:
+    """The offset of (b, h, row, 0) in a 4-D Operand, as C++ (size-1 dims broadcast)."""
+    terms = [str(x.offset)] if x.offset else []
+    terms += [_cpp_mul(var, st) for var, size, st in zip((b, h, row), x.shape[:3], x.stride[:3])
+              if size != 1 and st != 0]
+    return " + ".join(terms) or "0"
 
 
 def _cpp_block(body, target: str, indent: str) -> str:
@@ -560,12 +622,26 @@ def _cpp_block(body, target: str, indent: str) -> str:
     return "\n".join(lines)
 
 
-def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
-    """(C++ text, cffi declaration) of the CPU template for `spec` on contiguous float32 q, k, v.
-    The mods are ModBody lines printed by the C++ printer; `block_shape` is (Bm, Hm, QB, KB) of a
-    block mask (its arrays contiguous int32), empty for none."""
+def _cpp_block_loops(spec: AttentionSpec) -> str:
+    """Figure 9.3 on the CPU: the tile's Q block lists its partial blocks (mask_mod) and its full
+    ones; `nb`, `ind`, `fnb`, `find` are read through the block mask's Operands."""
+    bq, bkv, nb, ind = spec.sparse
+    pre, out = "            ", []
+    for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")):
+        row = _cpp_base(nb, "b", "h", f"(i0 / {bq})")
+        col = _cpp_base(ind, "b", "h", f"(i0 / {bq})") + " + " + _cpp_mul("u", ind.stride[3])
+        out.append(f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
+                   f"{pre}    const int64_t j0 = (int64_t){idx}[{col}] * {bkv};\n"
+                   f"{pre}    visit(j0, std::min<int64_t>({spec.dims[4]}, j0 + {bkv}), {part});\n{pre}}}")
+    return "\n".join(out)
+
+
+def cpp_template(spec: AttentionSpec, name: str = "stax_attention_cpu") -> tuple:
+    """(C++ text, cffi declaration) of the CPU template for `spec` on float32 q, k, v of any strides
+    (their Operands), the output through `spec.out`, the LSE [B·H·M] contiguous (NULL: not written).
+    The mods are ModBody lines printed by the C++ printer; with `spec.sparse` the block mask's
+    count and index arrays (int32) are read through its two Operands, else those pointers are unused."""
     b, h, hk, m, n, d = spec.dims
-    name = "stax_attention_cpu"
     ind = "    " * 7
     mask = ""
     if spec.is_causal:
@@ -577,22 +653,20 @@ def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
     if spec.score_mod is not None:
         score = f"{ind}{{\n{ind}    const float score = s;\n" \
                 f"{_cpp_block(spec.score_mod, 's', ind + '    ')}\n{ind}}}"
-    pre = "            "
-    if block_shape:
-        bm, hm, qb, kb = block_shape
-        bq, bkv = spec.sparse[:2]
-        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i0 / {bq})"
-        loops = "\n".join(
-            f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
-            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + u] * {bkv};\n"
-            f"{pre}    visit(j0, std::min<int64_t>({n}, j0 + {bkv}), {part});\n{pre}}}"
-            for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")))
+    if spec.sparse:
+        loops = _cpp_block_loops(spec)
     else:
         hi = f"std::min<int64_t>({n}, i1)" if spec.is_causal else str(n)
-        loops = f"{pre}visit(0, {hi}, true);"
-    text = _CPP_ROW.format(name=name, what=", ".join(spec.origins) or "attention", kblock=64, bh=b * h,
-                           m=m, n=n, d=d, h=h, hk=hk, groups=h // hk, scale=repr(float(spec.scale)),
-                           score_mod=score, mask=mask.rstrip("\n"), loops=loops)
+        loops = f"            visit(0, {hi}, true);"
+    q, k, v, o = spec.q, spec.k, spec.v, spec.out
+    text = _CPP_ROW.format(
+        name=name, what=", ".join(dict.fromkeys(spec.origins)) or "attention", kblock=64, bh=b * h,
+        m=m, d=d, h=h, groups=h // hk, scale=repr(float(spec.scale)), score_mod=score,
+        mask=mask.rstrip("\n"), loops=loops,
+        q_base=_cpp_base(q, "b", "h", "i0"), q_elem=f"{_cpp_mul('r', q.stride[2])} + {_cpp_mul('c', q.stride[3])}",
+        k_base=_cpp_base(k, "b", "hk", "0"), k_row=_cpp_mul("j", k.stride[2]), k_col=_cpp_mul("c", k.stride[3]),
+        v_base=_cpp_base(v, "b", "hk", "0"), v_row=_cpp_mul("j", v.stride[2]), v_col=_cpp_mul("c", v.stride[3]),
+        o_base=_cpp_base(o, "b", "h", "i0"), o_row=o.stride[2], o_col=_cpp_mul("c", o.stride[3]))
     cdef = (f"void {name}(const float* q, const float* k, const float* v, const int32_t* nb, const int32_t* ind, "
             "const int32_t* fnb, const int32_t* find, float* out, float* lse);")
     return "#include <algorithm>\n#include <cmath>\n" + text, cdef
