@@ -341,7 +341,29 @@ def _reads(fn) -> tuple:
     return tuple(v if isinstance(v, (bool, int, float, str)) else ("id", id(v)) for v in cells + names)
 
 
-def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
+def score_derivative(fn):
+    """∂score_mod/∂score as a function of the same arguments, through Stax's own derivative
+    formulas (autograd.py, op_table.DERIVATIVES): traced like the mod itself, or run eagerly on
+    full score tensors. An op without a formula raises (never a wrong gradient)."""
+    from .autograd import enable_grad, grad
+    from .math_ops import ones_like, zeros_like
+
+    def dmod(score, b, h, q_idx, kv_idx):
+        s = score.detach().requires_grad_()
+        with enable_grad():
+            out = fn(s, b, h, q_idx, kv_idx)
+            if not isinstance(out, Tensor) or not out.requires_grad:     # the score is not used
+                return zeros_like(score)
+            try:
+                (g,) = grad([out], [s], [ones_like(out)], allow_unused=True)
+            except NotImplementedError as e:
+                raise NotImplementedError(f"attention_backward: the derivative of score_mod cannot be traced "
+                                          f"({e}); write score_mod with differentiable ops") from None
+        return zeros_like(score) if g is None else g
+    return dmod
+
+
+def trace_mod_uncached(fn, is_score: bool, language: str = "triton", derivative: bool = False) -> ModBody:
     """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
     print its inner_fn with the Triton printer: the lines the template runs per score block."""
     from .capture import capture
@@ -354,6 +376,8 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     args = [tensor(0.5, dtype=float32, device="cpu") if n == "score" else tensor(0, dtype=int32, device="cpu")
             for n in names]
     what = "score_mod" if is_score else "mask_mod"
+    if derivative:                        # ∂score_mod/∂score: its own temporaries beside the mod's
+        fn, what = score_derivative(fn), "the derivative of score_mod"
     graph, _ = capture(fn, args)
     low = lower(graph, inline_limit=1 << 30)
     bodies = [x for x in low.buffers if low.outputs and x.name == low.outputs[0]]
@@ -361,7 +385,7 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
             or not bodies or not isinstance(bodies[0], Pointwise) or bodies[0].ranges:
         raise NotImplementedError(f"{what} must compute one scalar from its arguments with pointwise ops "
                                   "(no reductions, no tensors read from outside its arguments)")
-    shim = _ModKernel("score_tmp" if is_score else "mask_tmp",
+    shim = _ModKernel("dscore_tmp" if derivative else "score_tmp" if is_score else "mask_tmp",
                       {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)})
     if language == "cpp":                 # C++: `auto tmpN = ...;` lines, in a scope of their own
         from .codegen_cpp import CppPrinter
@@ -373,11 +397,11 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     return ModBody(printer.lines, str(result))
 
 
-def trace_mod(fn, is_score: bool, language: str = "triton") -> ModBody:
+def trace_mod(fn, is_score: bool, language: str = "triton", derivative: bool = False) -> ModBody:
     """trace_mod_uncached, remembered per function, language and the values it reads."""
-    key = (fn, is_score, language, _reads(fn))
+    key = (fn, is_score, language, derivative, _reads(fn))
     if key not in _MODS:
-        _MODS[key] = trace_mod_uncached(fn, is_score, language)
+        _MODS[key] = trace_mod_uncached(fn, is_score, language, derivative)
     return _MODS[key]
 
 
@@ -526,14 +550,31 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 # ---- §9.10 The backward: P = exp(S - LSE) recomputed, dQ, dK, dV ----
 
 
-def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
-    """float64: the same recomputation as the kernels."""
+def _eager_mods(s, score_mod, block_mask) -> tuple:
+    """The CPU path's (S', ∂S'/∂S, keep) from float64 scores S [B, H, M, N]: the mods run
+    eagerly on float64 tensors, the derivative through Stax's autograd (score_derivative)."""
+    b, h, m, n = s.shape
+    grids, ds, keep = _index_grids(b, h, m, n), None, None
+    if score_mod is not None:
+        st = from_numpy(np.ascontiguousarray(s))
+        ds = np.broadcast_to(score_derivative(score_mod)(st, *grids)._compute().astype(np.float64), s.shape)
+        s = np.broadcast_to(score_mod(st, *grids)._compute().astype(np.float64), s.shape)
+    if block_mask is not None:
+        keep = _eval_mask(block_mask.mask_mod, b, h, m, n)
+        s = np.where(keep, s, -np.inf)
+    return s, ds, keep
+
+
+def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None, score_mod=None, block_mask=None):
+    """float64: the same recomputation as the kernels; dS = P (dP - delta) ∂score_mod/∂S."""
     h, hk = q.shape[-3], k.shape[-3]
-    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
-    p = np.exp(s - lse[..., None])
+    s, dmod, keep = _eager_mods(attention_scores(q, k, scale), score_mod, block_mask)
+    s = apply_mask(s, attn_mask, is_causal)
+    p = np.where(np.isneginf(s), 0.0, np.exp(s - lse[..., None]))    # (a row with no key: -inf - -inf)
     kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
     delta = (do * o).sum(-1, keepdims=True)
-    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta)
+    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta) * (1.0 if dmod is None else dmod)
+    ds = np.where(p != 0, ds, 0.0)       # a position that did not count gets no gradient (as the kernels)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dq = ds @ kk * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
@@ -542,24 +583,33 @@ def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
     return dq, fold(dk), fold(dv)
 
 
-def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
-                       enable_gqa=False, kernel_options=None, attn_mask=None):
-    """(dQ, dK, dV) of attention_forward's (out, lse), P recomputed as exp(S - LSE) (§9.10):
-    nothing N x N is stored. cuda tensors run two Triton kernels (dK and dV over key blocks, dQ
-    over query blocks), CPU ones float64 numpy. `attn_mask` as in the forward (bool keeps, float
-    adds); no score_mod or block mask here yet."""
+def _check_backward_args(grad_out, query, key, value, out, lse, enable_gqa):
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.shape[0] != query.shape[0]:
         raise RuntimeError("attention_backward: query, key and value must be [B, H, L, E] with one batch size")
     if tuple(grad_out.shape) != tuple(out.shape) or tuple(lse.shape) != tuple(query.shape[:-1]):
         raise RuntimeError(f"attention_backward: grad_out {tuple(grad_out.shape)} must match out "
                            f"{tuple(out.shape)} and lse {tuple(lse.shape)} must be {tuple(query.shape[:-1])}")
+
+
+def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
+                       enable_gqa=False, kernel_options=None, attn_mask=None, score_mod=None, block_mask=None):
+    """(dQ, dK, dV) of attention_forward's or omni_attention's (out, lse), P recomputed as
+    exp(S' - LSE) (§9.10): nothing N x N is stored. cuda tensors run two Triton kernels (dK and
+    dV over key blocks, dQ over query blocks), CPU ones float64 numpy. `attn_mask` as in the
+    forward (bool keeps, float adds); `score_mod` and `block_mask` as omni_attention's: dS is
+    P (dP - delta) ⊙ ∂score_mod/∂score, the derivative traced through Stax's autograd (the
+    backward evaluates mask_mod on every block; it skips none)."""
+    _check_backward_args(grad_out, query, key, value, out, lse, enable_gqa)
     backend = _backend(kernel_options, query.device)
-    if backend == "TRITON_DECODE":
-        raise ValueError("attention_backward: BACKEND='TRITON_DECODE' has no backward; use 'TRITON'")
+    if backend in ("TRITON_DECODE", "CPP"):
+        raise ValueError(f"attention_backward: BACKEND={backend!r} has no backward; use 'TRITON' on cuda "
+                         "tensors, or leave BACKEND unset on the CPU")
     if backend == "EAGER":
-        grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
-                                is_causal, scale, None if attn_mask is None else _host(attn_mask))
+        with np.errstate(all="ignore"):
+            grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
+                                    is_causal, scale, None if attn_mask is None else _host(attn_mask),
+                                    score_mod, block_mask)
         return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
     spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query), query.dtype.name,
                      scale, is_causal, _operand(attn_mask) if attn_mask is not None else None,
@@ -567,6 +617,11 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     if spec is None:
         raise RuntimeError(f"the backward template does not cover q {tuple(query.shape)}, {query.dtype.name}")
     bs = BackwardSpec(spec, _operand(out), _operand(grad_out))
+    if score_mod is not None:
+        spec.score_mod, bs.score_grad = trace_mod(score_mod, True), trace_mod(score_mod, True, derivative=True)
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        spec.mask_mod = trace_mod(block_mask.mask_mod, False)
     lse = lse.contiguous() if lse.dtype is float32 else lse.to(float32).contiguous()
     dq = empty(*query.shape, dtype=query.dtype, device=query.device)
     dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))

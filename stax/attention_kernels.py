@@ -681,6 +681,7 @@ class BackwardSpec:
     fwd: AttentionSpec
     o: Operand
     do: Operand
+    score_grad: ModBody | None = None    # ∂score_mod/∂score, traced through Stax's autograd
 
 
 def _bwd_head(spec: AttentionSpec) -> list:
@@ -699,6 +700,23 @@ def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> 
     return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
 
 
+def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+    """score_mod, its derivative and mask_mod in a backward tile of scores `var` (natural units):
+    (lines, extra keep term, the factor dS' -> dS). The tile's positions are q_idx = `rows`,
+    kv_idx = `cols`; mask_mod is evaluated on every block (the backward visits them all)."""
+    s, lines, keep, factor = bs.fwd, [], "", ""
+    if s.score_mod is not None or s.mask_mod is not None:
+        lines += [f"q_idx = {rows}", f"kv_idx = {cols}"]
+    if s.score_mod is not None:
+        lines += [f"score = {var}", *s.score_mod.lines, f"smod = {s.score_mod.result}"]
+        lines += [*bs.score_grad.lines, f"dsmod = {bs.score_grad.result}", f"{var} = smod"]
+        factor = " * dsmod"
+    if s.mask_mod is not None:
+        lines += [*s.mask_mod.lines, f"mm = {s.mask_mod.result}"]
+        keep = " & (mm != 0)"
+    return [indent + x for x in lines], keep, factor
+
+
 def _dkdv_body(bs: BackwardSpec) -> list:
     """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
     and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
@@ -711,6 +729,8 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
     qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
     mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
     return _bwd_head(s) + [
         "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
         "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
@@ -736,7 +756,7 @@ def _dkdv_body(bs: BackwardSpec) -> list:
         f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
         f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
         f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
-        "        dsT = pT * (dpT - delta[None, :])",
+        f"        dsT = tl.where({keep}{mask_keep}, pT * (dpT - delta[None, :]){factor}, 0.0)",
         f"        dk += tl.dot(dsT.to({dt}), qb{prec}, out_dtype=tl.float32)",
         "out = (rn[:, None] < N) & (rd[None, :] < D)",
         f"tl.store(out_ptr0 + (bh * N * D + rn[:, None] * D + rd[None, :]), (dk * {s.scale!r}).to({dt}), out)",
@@ -753,6 +773,8 @@ def _dq_body(bs: BackwardSpec) -> list:
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
     row = "(rm[:, None] < M) & (rd[None, :] < D)"
     mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
     return _bwd_head(s) + [
         "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
         f"hk = h // {h // hk}",
@@ -772,7 +794,7 @@ def _dq_body(bs: BackwardSpec) -> list:
         *mask_lines,
         f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
         f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
-        "    ds = p * (dp - delta[:, None])",
+        f"    ds = tl.where({keep}{mask_keep}, p * (dp - delta[:, None]){factor}, 0.0)",
         f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
         f"tl.store(out_ptr0 + (bh * M * D + rm[:, None] * D + rd[None, :]), (dq * {s.scale!r}).to({dt}), {row})"]
 
