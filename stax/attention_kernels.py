@@ -511,10 +511,17 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
 # ---- §9.10 The C++ template (BACKEND="CPP" and compiled CPU code): the same triple, a tile of query rows ----
 
 _CPP_ROW = """
+#ifndef STAX_ATTENTION_ROWS
+#define STAX_ATTENTION_ROWS
+typedef float stax_v8 __attribute__((vector_size(32)));     // 8 rows of a tile, in lanes (AVX: one register)
+static inline stax_v8 stax_ld8(const float* p) {{ stax_v8 x; __builtin_memcpy(&x, p, sizeof x); return x; }}
+static inline void stax_st8(float* p, stax_v8 x) {{ __builtin_memcpy(p, &x, sizeof x); }}
+#endif
 extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
                        const int32_t* ind, const int32_t* fnb, const int32_t* find, float* out, float* lse) {{
     // {what}: a tile of QT query rows of one (batch, head) keeps its triples (m, l, acc) while it
-    // scans the keys in blocks of KB: each key row is read once for the whole tile
+    // scans the keys in blocks of KB. Scores are kept transposed, sT[key][row], so that the rows
+    // are the vector lanes of the QKᵀ dot (4 keys a step) and of the online update
     constexpr int64_t QT = 16, KB = {kblock};
     const int64_t tiles = ({m} + QT - 1) / QT;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -526,56 +533,80 @@ extern "C" void {name}(const float* q, const float* k, const float* v, const int
             const float* qt = q + ({q_base});
             const float* kh = k + ({k_base});
             const float* vh = v + ({v_base});
-            float m_i[QT], l_i[QT], acc[QT][{d}], sc[QT][KB], qT[{d}][QT];
+            alignas(64) float m_i[QT], l_i[QT], acc[QT][{d}], sT[KB][QT];
+            stax_v8 qT[{d}][2];
             for (int64_t r = 0; r < QT; ++r) {{
                 m_i[r] = -INFINITY;
                 l_i[r] = 0.0f;
                 for (int64_t c = 0; c < {d}; ++c) acc[r][c] = 0.0f;
-                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[{q_elem}] : 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) qT[c][r / 8][r % 8] = r < rows ? qt[{q_elem}] : 0.0f;
             }}
             auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
                 (void)partial;
                 for (int64_t j0 = lo; j0 < hi; j0 += KB) {{
-                    const int64_t j1 = std::min<int64_t>(hi, j0 + KB);
-                    for (int64_t j = j0; j < j1; ++j) {{
-                        const float* kj = kh + {k_row};
-                        float dots[QT] = {{0}};          // the tile's rows in the vector lanes
+                    const int64_t nk = std::min<int64_t>(hi - j0, KB);
+                    int64_t jj = 0;
+                    for (; jj + 4 <= nk; jj += 4) {{         // S = scale · q kᵀ, 4 keys a step
+                        const float *k0 = kh + {k_row0}, *k1 = k0 + {ks}, *k2 = k1 + {ks}, *k3 = k2 + {ks};
+                        stax_v8 s0 = {{}}, s1 = {{}}, s2 = {{}}, s3 = {{}}, t0 = {{}}, t1 = {{}}, t2 = {{}}, t3 = {{}};
                         for (int64_t c = 0; c < {d}; ++c) {{
-                            const float kc = kj[{k_col}];
-                            for (int64_t r = 0; r < QT; ++r) dots[r] += qT[c][r] * kc;
+                            const stax_v8 x = qT[c][0], y = qT[c][1];
+                            const float a0 = k0[{k_col}], a1 = k1[{k_col}], a2 = k2[{k_col}], a3 = k3[{k_col}];
+                            s0 += x * a0, s1 += x * a1, s2 += x * a2, s3 += x * a3;
+                            t0 += y * a0, t1 += y * a1, t2 += y * a2, t3 += y * a3;
                         }}
-                        for (int64_t r = 0; r < rows; ++r) {{
-                            const int64_t i = i0 + r, q_idx = i, kv_idx = j;
-                            (void)q_idx, (void)kv_idx;
-                            float s = dots[r] * {scale}f;
-{score_mod}
-{mask}
-                            sc[r][j - j0] = s;
-                        }}
+                        stax_st8(sT[jj], s0 * {scale}f), stax_st8(sT[jj] + 8, t0 * {scale}f);
+                        stax_st8(sT[jj + 1], s1 * {scale}f), stax_st8(sT[jj + 1] + 8, t1 * {scale}f);
+                        stax_st8(sT[jj + 2], s2 * {scale}f), stax_st8(sT[jj + 2] + 8, t2 * {scale}f);
+                        stax_st8(sT[jj + 3], s3 * {scale}f), stax_st8(sT[jj + 3] + 8, t3 * {scale}f);
                     }}
-                    for (int64_t r = 0; r < rows; ++r) {{
-                        float bmax = -INFINITY;
-                        for (int64_t j = 0; j < j1 - j0; ++j) bmax = sc[r][j] > bmax ? sc[r][j] : bmax;
-                        if (bmax == -INFINITY) {{      // nothing kept here (a NaN score still counts)
-                            for (int64_t j = 0; j < j1 - j0; ++j) {{
-                                sc[r][j] = sc[r][j] != sc[r][j] ? sc[r][j] : 0.0f;
-                                l_i[r] += sc[r][j];
-                            }}
-                            continue;
-                        }}
-                        const float m_new = m_i[r] > bmax ? m_i[r] : bmax;
-                        const float alpha = stax_exp(m_i[r] - m_new);
-                        l_i[r] *= alpha;
-                        for (int64_t c = 0; c < {d}; ++c) acc[r][c] *= alpha;
-                        for (int64_t j = 0; j < j1 - j0; ++j) sc[r][j] = stax_exp(sc[r][j] - m_new);
-                        for (int64_t j = 0; j < j1 - j0; ++j) l_i[r] += sc[r][j];
+                    for (; jj < nk; ++jj) {{
+                        const float* k0 = kh + {k_row0};
+                        stax_v8 s0 = {{}}, t0 = {{}};
+                        for (int64_t c = 0; c < {d}; ++c) s0 += qT[c][0] * k0[{k_col}], t0 += qT[c][1] * k0[{k_col}];
+                        stax_st8(sT[jj], s0 * {scale}f), stax_st8(sT[jj] + 8, t0 * {scale}f);
+                    }}
+{mods}
+                    // the online update, rows in lanes: rescale by e^(m_old - m_new), P = e^(S - m_new)
+                    float mu[QT], alpha[QT];
+                    stax_v8 mx = stax_ld8(m_i), my = stax_ld8(m_i + 8);      // (a NaN score never wins)
+                    for (int64_t j = 0; j < nk; ++j) {{
+                        const stax_v8 x = stax_ld8(sT[j]), y = stax_ld8(sT[j] + 8);
+                        mx = x > mx ? x : mx, my = y > my ? y : my;
+                    }}
+                    stax_st8(mu, mx), stax_st8(mu + 8, my);
+                    for (int64_t r = 0; r < QT; ++r) {{
+                        const float m_new = mu[r];
+                        mu[r] = m_new == -INFINITY ? 0.0f : m_new;    // nothing kept yet: e^(-inf) is 0
+                        alpha[r] = stax_exp(m_i[r] - mu[r]);
                         m_i[r] = m_new;
+                        l_i[r] *= alpha[r];
                     }}
-                    for (int64_t j = j0; j < j1; ++j) {{
-                        const float* vj = vh + {v_row};
-                        for (int64_t r = 0; r < rows; ++r) {{
-                            const float p = sc[r][j - j0];
-                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[{v_col}];
+                    for (int64_t j = 0; j < nk; ++j)
+                        for (int64_t r = 0; r < QT; ++r) {{
+                            sT[j][r] = stax_exp(sT[j][r] - mu[r]);
+                            l_i[r] += sT[j][r];
+                        }}
+                    for (int64_t r = 0; r < rows; r += 2) {{    // acc += P v, two rows per V load
+                        float* a0 = acc[r];
+                        float* a1 = acc[r + 1];
+                        for (int64_t c = 0; c < {d}; ++c) a0[c] *= alpha[r], a1[c] *= alpha[r + 1];
+                        int64_t j = 0;
+                        for (; j + 4 <= nk; j += 4) {{
+                            const float *v0 = vh + {v_row0}, *v1 = v0 + {vs}, *v2 = v1 + {vs}, *v3 = v2 + {vs};
+                            const float p0 = sT[j][r], p1 = sT[j + 1][r], p2 = sT[j + 2][r], p3 = sT[j + 3][r];
+                            const float u0 = sT[j][r + 1], u1 = sT[j + 1][r + 1], u2 = sT[j + 2][r + 1],
+                                        u3 = sT[j + 3][r + 1];
+                            for (int64_t c = 0; c < {d}; ++c) {{
+                                const float x0 = v0[{v_col}], x1 = v1[{v_col}], x2 = v2[{v_col}], x3 = v3[{v_col}];
+                                a0[c] += p0 * x0 + p1 * x1 + p2 * x2 + p3 * x3;
+                                a1[c] += u0 * x0 + u1 * x1 + u2 * x2 + u3 * x3;
+                            }}
+                        }}
+                        for (; j < nk; ++j) {{
+                            const float* v0 = vh + {v_row0};
+                            const float p0 = sT[j][r], u0 = sT[j][r + 1];
+                            for (int64_t c = 0; c < {d}; ++c) a0[c] += p0 * v0[{v_col}], a1[c] += u0 * v0[{v_col}];
                         }}
                     }}
                 }}
@@ -590,6 +621,17 @@ extern "C" void {name}(const float* q, const float* k, const float* v, const int
     }}
 }}
 """
+
+_CPP_MODS = """                    for (int64_t jj = 0; jj < nk; ++jj) {{     // score_mod and the masks, per score
+                        for (int64_t r = 0; r < QT; ++r) {{
+                            const int64_t i = i0 + r, j = j0 + jj, q_idx = i, kv_idx = j;
+                            (void)i, (void)j, (void)q_idx, (void)kv_idx;
+                            float s = sT[jj][r];
+{score_mod}
+{mask}
+                            sT[jj][r] = s;
+                        }}
+                    }}"""
 
 
 def contiguous_operand(shape) -> Operand:
@@ -643,7 +685,7 @@ def cpp_template(spec: AttentionSpec, name: str = "stax_attention_cpu") -> tuple
     count and index arrays (int32) are read through its two Operands, else those pointers are unused."""
     b, h, hk, m, n, d = spec.dims
     ind = "    " * 7
-    mask = ""
+    mask = ""  # (the per-score lines sit 7 levels deep in _CPP_MODS)
     if spec.is_causal:
         mask += f"{ind}if (j > i) s = -INFINITY;\n"
     if spec.mask_mod is not None:
@@ -659,13 +701,15 @@ def cpp_template(spec: AttentionSpec, name: str = "stax_attention_cpu") -> tuple
         hi = f"std::min<int64_t>({n}, i1)" if spec.is_causal else str(n)
         loops = f"            visit(0, {hi}, true);"
     q, k, v, o = spec.q, spec.k, spec.v, spec.out
+    mods = _CPP_MODS.format(score_mod=score, mask=mask.rstrip("\n")) if score or mask else ""
     text = _CPP_ROW.format(
         name=name, what=", ".join(dict.fromkeys(spec.origins)) or "attention", kblock=64, bh=b * h,
-        m=m, d=d, h=h, groups=h // hk, scale=repr(float(spec.scale)), score_mod=score,
-        mask=mask.rstrip("\n"), loops=loops,
+        m=m, d=d, h=h, groups=h // hk, scale=repr(float(spec.scale)), mods=mods, loops=loops,
         q_base=_cpp_base(q, "b", "h", "i0"), q_elem=f"{_cpp_mul('r', q.stride[2])} + {_cpp_mul('c', q.stride[3])}",
-        k_base=_cpp_base(k, "b", "hk", "0"), k_row=_cpp_mul("j", k.stride[2]), k_col=_cpp_mul("c", k.stride[3]),
-        v_base=_cpp_base(v, "b", "hk", "0"), v_row=_cpp_mul("j", v.stride[2]), v_col=_cpp_mul("c", v.stride[3]),
+        k_base=_cpp_base(k, "b", "hk", "0"), k_row0=_cpp_mul("(j0 + jj)", k.stride[2]), ks=k.stride[2],
+        k_col=_cpp_mul("c", k.stride[3]),
+        v_base=_cpp_base(v, "b", "hk", "0"), v_row0=_cpp_mul("(j0 + j)", v.stride[2]), vs=v.stride[2],
+        v_col=_cpp_mul("c", v.stride[3]),
         o_base=_cpp_base(o, "b", "h", "i0"), o_row=o.stride[2], o_col=_cpp_mul("c", o.stride[3]))
     cdef = (f"void {name}(const float* q, const float* k, const float* v, const int32_t* nb, const int32_t* ind, "
             "const int32_t* fnb, const int32_t* find, float* out, float* lse);")

@@ -721,7 +721,9 @@ def test_nan_and_inf_inputs_match_eager(rng):
     f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=True))
     gpu = host(f(q.to("cuda"), k.to("cuda"), v.to("cuda")))
     cpu, _ = stax.attention_forward(q, k, v, is_causal=True, kernel_options={"BACKEND": "CPP"})
-    for got in (gpu, host(cpu)):
+    bm = stax.create_block_mask(causal, None, None, 20, 33, BLOCK_SIZE=16)
+    compiled_cpu = stax.compile(lambda q, k, v: stax.omni_attention(q, k, v, block_mask=bm))(q, k, v)
+    for got in (gpu, host(cpu), host(compiled_cpu)):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
         assert_close(got, eager, stax.float32)
     assert np.isnan(eager[0, 0, 3]).all() and not np.isnan(eager[0, 0, 4]).any()
