@@ -338,6 +338,8 @@ LARGE_OUTPUT = ("ex6_1", "gelu", "softmax", "layernorm")     # target <= 0.8x to
 
 
 def target(name):
+    if name == "omni_causal":        # issue 15: at least 0.8x torch's speed, so time <= 1.25x
+        return 1.25
     return 0.8 if name in LARGE_OUTPUT else 1.0
 
 

@@ -15,7 +15,11 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
 - `omni_attention` traces `score_mod` and `mask_mod` into small graphs, lowers them, and prints
   their `inner_fn` with the Triton printer between the QKᵀ dot and the online update. On "cuda"
   tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
-  `stax.compile` it is a graph break: the template is itself the compiled kernel.
+  `stax.compile` it is one graph node, `omni_attn`: the mods' printed bodies (both printers) are
+  its params, the block mask's arrays its inputs (BlockMask flattens into the call's tensors);
+  codegen_triton.py prints the Triton template, codegen_cpp.py the C++ one.
+- `attention_backward` takes the same score_mod and block mask: ∂score_mod/∂score is traced
+  through Stax's own autograd (`score_derivative`) and printed into the backward kernels.
 - `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
   there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
   default for ≤ 16 queries when B·H programs cannot fill the SMs),
@@ -26,7 +30,8 @@ Where to look:
   - `scaled_dot_product_attention`, `attention_forward` ..... the sdpa op, and (out, LSE)
   - `create_block_mask`, `BlockMask` ......................... Figure 9.3's full/partial/empty blocks
   - `trace_mod` ............................................... score_mod/mask_mod → printed lines
-  - `omni_attention` .......................................... Listing 9.7
+  - `omni_attention`, `_traced_omni` ......................... Listing 9.7; the graph node under compile
+  - `score_derivative` ........................................ ∂score_mod/∂score by autograd
   - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
 """
 from __future__ import annotations

@@ -22,7 +22,8 @@ Where to look:
   - `AttentionSpec` ..................................... what one template kernel computes
   - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
   - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
-  - `cpp_template` ...................................... BACKEND="CPP": the C++ template for the CPU
+  - `cpp_template` ...................................... the C++ template (BACKEND="CPP", compiled CPU code)
+  - `omni_extern_spec`, `ModText` ....................... a graph's `omni_attn` node -> a spec
   - `backward_templates` ................................ dK/dV and dQ, P = exp(S - LSE) recomputed
   - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
   - `attention_template` ................................ the entry: (name, source)
