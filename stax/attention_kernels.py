@@ -259,16 +259,17 @@ def _sparse_loops(spec: AttentionSpec) -> list:
     (without); empty blocks are never visited. Each listed block is SPARSE_KV keys, scanned in
     BLOCK_N pieces."""
     sq, skv, nb, ind = spec.sparse
-    lines = [f"qb = (pid_m * BLOCK_M) // {sq}"]
+    lines = [f"qb = (pid_m * BLOCK_M) // {sq}", f"per = {skv} // BLOCK_N"]
     for label, nb_ptr, ind_ptr, partial in (("partial", "in_ptr4", "in_ptr5", True),
                                              ("full", "in_ptr6", "in_ptr7", False)):
-        lines += [f"# the {label} blocks of this Q block",
+        # one flat loop over the listed blocks' BLOCK_N pieces (not a loop nest), so that the
+        # compiler's software pipelining (num_stages) overlaps the loads across blocks too
+        lines += [f"# the {label} blocks of this Q block, each in {skv} // BLOCK_N pieces",
                   f"n_blocks = tl.load({nb_ptr} + ({nb.index('b', 'h', 'qb', '0')}))",
-                  "for j in range(0, n_blocks):",
-                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', 'j')}))",
-                  f"    for sub in range(0, {skv}, BLOCK_N):",
-                  f"        start_n = kv_block * {skv} + sub"]
-        lines += ["        " + x for x in _kv_step(spec, partial)]
+                  "for it in range(0, n_blocks * per):",
+                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', '(it // per)')}))",
+                  f"    start_n = kv_block * {skv} + (it % per) * BLOCK_N"]
+        lines += ["    " + x for x in _kv_step(spec, partial)]
     return lines
 
 
@@ -295,6 +296,14 @@ def _body(spec: AttentionSpec) -> list:
               f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
               f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
     return lines
+
+
+def _full_head_dim(lines: list, d: int) -> list:
+    """A head dim that is a power of two (>= 16) is exactly the block's `rd` range: its masks are
+    always true, so they are left out (a mask along the contiguous dim blocks vector loads)."""
+    if d < 16 or d & (d - 1):
+        return lines
+    return [x.replace(" & (rd[None, :] < D)", "").replace(" & (rd[:, None] < D)", "") for x in lines]
 
 
 def _signature(spec: AttentionSpec) -> dict:
@@ -330,7 +339,7 @@ def attention_template(index: int, spec: AttentionSpec) -> tuple:
            f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
            f"@triton.jit\n"
            f"def {name}({', '.join(list(sig) + consts)}):\n"
-           + "\n".join("    " + line for line in _body(spec)) + "\n")
+           + "\n".join("    " + line for line in _full_head_dim(_body(spec), spec.dims[5])) + "\n")
     return name, src
 
 
@@ -504,7 +513,7 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
                f"@triton_heuristics.attention_decode(size_hints={hints!r}, signature={sig!r})\n"
                f"@triton.jit\n"
                f"def {name}({', '.join(list(sig) + ['BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in body) + "\n")
+               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
         out.append((name, src, numels))
     return out
 
@@ -864,7 +873,7 @@ def backward_templates(bs: BackwardSpec) -> list:
                f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
                f"@triton.jit\n"
                f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in body) + "\n")
+               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
         out.append((name, src, numels))
     return out
 

@@ -147,6 +147,8 @@ def test_compiled_sdpa_is_one_flash_template(rng, dtype, shape_q, n, causal):
     f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=causal))
     out = f(q.to("cuda"), k.to("cuda"), v.to("cuda"))
     assert list(f.last_generated.kernels) == ["triton_tem_fused_attention_0"]
+    d = shape_q[-1]             # a power-of-two head dim is the whole `rd` range: no mask along it
+    assert ("< D)" in f.last_generated.kernels["triton_tem_fused_attention_0"]) == bool(d & (d - 1))
     assert out.dtype is dtype and out.device == "cuda"
     _close(out, ref, dtype)
     eager = stax.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -382,7 +384,7 @@ def test_template_visits_partial_blocks_with_mask_mod_and_full_ones_without():
     src = attention_template(0, spec)[1]
     partial, full = src.split("# the full blocks")
     assert "mask_tmp0 = (q_idx >= kv_idx)" in partial and "mask_tmp" not in full
-    assert "range(0, n_blocks)" in full          # only the listed blocks: empty ones never load
+    assert "range(0, n_blocks * per)" in full    # only the listed blocks: empty ones never load
 
 
 def test_omni_errors(rng):
