@@ -16,7 +16,8 @@ tests)
         tests/test_templates.py tests/test_conv.py tests/test_indexing.py tests/test_optim.py \
         tests/test_auto_dynamic.py tests/test_soundness_guards.py tests/test_export.py \
         tests/test_data_dependent.py tests/test_bucketing.py tests/test_functional.py tests/test_ops_more.py \
-        tests/test_training.py \
+        tests/test_training.py tests/test_dynamic.py tests/test_scans.py tests/test_float_scalars.py \
+        tests/test_fused_reductions.py ${STAX_H200_SKIP:+--deselect $STAX_H200_SKIP} \
         > "$OUT/tests.log" 2>&1
     tail -30 "$OUT/tests.log";;
 bench)
@@ -29,4 +30,12 @@ extra)
     timeout 240 python3 bench/gpu.py train --json "$OUT/train.json" > "$OUT/train.log" 2>&1
     timeout 150 python3 bench/gpu.py --dynamic ex1_1 softmax layernorm colsum --json "$OUT/dynamic.json" > "$OUT/dynamic.log" 2>&1
     for f in launch attention adamw train dynamic; do echo "== $f"; tail -25 "$OUT/$f.log"; done;;
+changed)
+    # what this session changed, measured: dynamic vs static, TF32, launch-bound, training, AdamW
+    timeout 150 python3 bench/gpu.py --dynamic ex1_1 softmax layernorm colsum --json "$OUT/dynamic.json" > "$OUT/dynamic.log" 2>&1
+    timeout 90 python3 bench/gpu.py mm_fp32_high mm_fp32 --json "$OUT/mm.json" > "$OUT/mm.log" 2>&1
+    timeout 120 python3 bench/gpu.py launchbound --json "$OUT/launch.json" > "$OUT/launch.log" 2>&1
+    timeout 150 python3 bench/gpu.py train --json "$OUT/train.json" > "$OUT/train.log" 2>&1
+    timeout 60 python3 bench/gpu.py adamw --json "$OUT/adamw.json" > "$OUT/adamw.log" 2>&1
+    for f in dynamic mm launch train adamw; do echo "== $f"; grep "^|" "$OUT/$f.log" | tail -12; done;;
 esac

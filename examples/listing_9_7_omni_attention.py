@@ -4,8 +4,9 @@
 traced into small graphs, lowered, and printed into the attention template between the QKᵀ dot
 and the online-softmax update; `create_block_mask` sorts 128×128 blocks into full, partial and
 empty ones, so the template skips the empty half and calls mask_mod only on the diagonal
-(Figure 9.3). On a GPU it is the flash Triton template; on the CPU the same functions run eagerly
-(or in the C++ template with kernel_options={"BACKEND": "CPP"}).
+(Figure 9.3). Compiled, omni_attention is one graph node and one kernel: the flash Triton
+template on a GPU, the C++ template on the CPU (eagerly on the CPU the same functions run in
+float64 numpy, or in the C++ template with kernel_options={"BACKEND": "CPP"}).
 
 The hand-written form, softmax(q @ k.transpose(-2, -1) / 8) @ v, is compiled too: on the GPU the
 pattern rewrite turns it into the same template (one kernel, no N×N scores in memory).

@@ -95,7 +95,7 @@ def summarize(f, timing=True) -> str:
             os.environ["STAX_LOGS"] = saved
     shapes = ", ".join(f"{a.dtype.name}{list(a.shape)}" for a in args if isinstance(a, stax.Tensor))
     lines.append(f"  last inputs: {shapes or '(no tensors)'}")
-    n_kernels = sum(1 for k in t["kernels"] if k["kind"] != "extern")
+    n_kernels = sum(1 for k in t["kernels"] if not k["kernel"].startswith("fallback "))
     n_fallback = len(t["kernels"]) - n_kernels
     lines.append(f"  kernels: {n_kernels}" + (f" (+ {n_fallback} fallback call(s))" if n_fallback else ""))
     for k in t["kernels"]:

@@ -15,7 +15,11 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
 - `omni_attention` traces `score_mod` and `mask_mod` into small graphs, lowers them, and prints
   their `inner_fn` with the Triton printer between the QKᵀ dot and the online update. On "cuda"
   tensors it launches that template; on the CPU it evaluates the same functions eagerly. Under
-  `stax.compile` it is a graph break: the template is itself the compiled kernel.
+  `stax.compile` it is one graph node, `omni_attn`: the mods' printed bodies (both printers) are
+  its params, the block mask's arrays its inputs (BlockMask flattens into the call's tensors);
+  codegen_triton.py prints the Triton template, codegen_cpp.py the C++ one.
+- `attention_backward` takes the same score_mod and block mask: ∂score_mod/∂score is traced
+  through Stax's own autograd (`score_derivative`) and printed into the backward kernels.
 - `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
   there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
   default for ≤ 16 queries when B·H programs cannot fill the SMs),
@@ -26,7 +30,8 @@ Where to look:
   - `scaled_dot_product_attention`, `attention_forward` ..... the sdpa op, and (out, LSE)
   - `create_block_mask`, `BlockMask` ......................... Figure 9.3's full/partial/empty blocks
   - `trace_mod` ............................................... score_mod/mask_mod → printed lines
-  - `omni_attention` .......................................... Listing 9.7
+  - `omni_attention`, `_traced_omni` ......................... Listing 9.7; the graph node under compile
+  - `score_derivative` ........................................ ∂score_mod/∂score by autograd
   - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
 """
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
+                                ModText, contiguous_operand,
                                 DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
@@ -249,6 +255,17 @@ class BlockMask:
                                         self.full_kv_indices)]
         return BlockMask(*moved, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod)
 
+    def _stax_flatten(self):
+        """For stax.compile: the four arrays are tensors of the call (capture makes them graph
+        inputs, the key holds their layouts), so a new mask of the same shape reuses the artifact."""
+        return ([self.kv_num_blocks, self.kv_indices, self.full_kv_num_blocks, self.full_kv_indices],
+                lambda ts: BlockMask(*ts, self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod))
+
+    def _stax_key(self) -> tuple:
+        """The rest of the specialization key: sizes, and mask_mod (traced into the code) with
+        the values it reads."""
+        return (self.Q_LEN, self.KV_LEN, self.BLOCK_SIZE, self.mask_mod, _reads(self.mask_mod))
+
 
 def _index_grids(b: int, h: int, m: int, n: int, device="cpu") -> list:
     """int32 tensors b, h, q_idx, kv_idx that broadcast to [B, H, M, N] (what the mods receive)."""
@@ -329,7 +346,29 @@ def _reads(fn) -> tuple:
     return tuple(v if isinstance(v, (bool, int, float, str)) else ("id", id(v)) for v in cells + names)
 
 
-def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
+def score_derivative(fn):
+    """∂score_mod/∂score as a function of the same arguments, through Stax's own derivative
+    formulas (autograd.py, op_table.DERIVATIVES): traced like the mod itself, or run eagerly on
+    full score tensors. An op without a formula raises (never a wrong gradient)."""
+    from .autograd import enable_grad, grad
+    from .math_ops import ones_like, zeros_like
+
+    def dmod(score, b, h, q_idx, kv_idx):
+        s = score.detach().requires_grad_()
+        with enable_grad():
+            out = fn(s, b, h, q_idx, kv_idx)
+            if not isinstance(out, Tensor) or not out.requires_grad:     # the score is not used
+                return zeros_like(score)
+            try:
+                (g,) = grad([out], [s], [ones_like(out)], allow_unused=True)
+            except NotImplementedError as e:
+                raise NotImplementedError(f"attention_backward: the derivative of score_mod cannot be traced "
+                                          f"({e}); write score_mod with differentiable ops") from None
+        return zeros_like(score) if g is None else g
+    return dmod
+
+
+def trace_mod_uncached(fn, is_score: bool, language: str = "triton", derivative: bool = False) -> ModBody:
     """Capture `fn` on 0-d proxies (score: float32; b, h, q_idx, kv_idx: int32), lower it, and
     print its inner_fn with the Triton printer: the lines the template runs per score block."""
     from .capture import capture
@@ -342,6 +381,8 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     args = [tensor(0.5, dtype=float32, device="cpu") if n == "score" else tensor(0, dtype=int32, device="cpu")
             for n in names]
     what = "score_mod" if is_score else "mask_mod"
+    if derivative:                        # ∂score_mod/∂score: its own temporaries beside the mod's
+        fn, what = score_derivative(fn), "the derivative of score_mod"
     graph, _ = capture(fn, args)
     low = lower(graph, inline_limit=1 << 30)
     bodies = [x for x in low.buffers if low.outputs and x.name == low.outputs[0]]
@@ -349,7 +390,7 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
             or not bodies or not isinstance(bodies[0], Pointwise) or bodies[0].ranges:
         raise NotImplementedError(f"{what} must compute one scalar from its arguments with pointwise ops "
                                   "(no reductions, no tensors read from outside its arguments)")
-    shim = _ModKernel("score_tmp" if is_score else "mask_tmp",
+    shim = _ModKernel("dscore_tmp" if derivative else "score_tmp" if is_score else "mask_tmp",
                       {x.name: Var(n, x.dtype) for x, n in zip(low.inputs, names)})
     if language == "cpp":                 # C++: `auto tmpN = ...;` lines, in a scope of their own
         from .cpp_kernel import CppPrinter
@@ -361,11 +402,11 @@ def trace_mod_uncached(fn, is_score: bool, language: str = "triton") -> ModBody:
     return ModBody(printer.lines, str(result))
 
 
-def trace_mod(fn, is_score: bool, language: str = "triton") -> ModBody:
+def trace_mod(fn, is_score: bool, language: str = "triton", derivative: bool = False) -> ModBody:
     """trace_mod_uncached, remembered per function, language and the values it reads."""
-    key = (fn, is_score, language, _reads(fn))
+    key = (fn, is_score, language, derivative, _reads(fn))
     if key not in _MODS:
-        _MODS[key] = trace_mod_uncached(fn, is_score, language)
+        _MODS[key] = trace_mod_uncached(fn, is_score, language, derivative)
     return _MODS[key]
 
 
@@ -374,14 +415,16 @@ def _cpp_forward(q, k, v, spec, block_mask=None):
     """BACKEND='CPP': the C++ template on contiguous float32 copies (half types widened first)."""
     from .cache import load_cpp, prelude
     arrays = [np.ascontiguousarray(_host(t), np.float32) for t in (q, k, v)]
+    spec.q, spec.k, spec.v = (contiguous_operand(a.shape) for a in arrays)
+    spec.out = contiguous_operand(arrays[0].shape)
     blocks = [np.zeros(1, np.int32)] * 4
-    shape = ()
     if block_mask is not None:
         blocks = [np.ascontiguousarray(t.cpu()._compute(), np.int32) for t in
                   (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                    block_mask.full_kv_indices)]
-        shape = blocks[1].shape
-    src, cdef = cpp_template(spec, shape)
+        spec.sparse = (*block_mask.BLOCK_SIZE, contiguous_operand(blocks[0].shape + (1,)),
+                       contiguous_operand(blocks[1].shape))
+    src, cdef = cpp_template(spec)
     if src not in _KERNELS:                  # (load_cpp hashes the compiler's identity each call)
         _KERNELS[src] = load_cpp(prelude() + src, cdef)
     ffi, lib = _KERNELS[src]
@@ -425,7 +468,6 @@ def _cpp_omni(q, k, v, spec, score_mod, block_mask):
         spec.score_mod = trace_mod(score_mod, True, "cpp")
     if block_mask is not None:
         _check_block_mask(spec, block_mask)
-        spec.sparse = (*block_mask.BLOCK_SIZE, None, None)
         spec.mask_mod = trace_mod(block_mask.mask_mod, False, "cpp")
     return _cpp_forward(q, k, v, spec, block_mask)
 
@@ -444,6 +486,42 @@ def _eager_omni(q, k, v, score_mod, block_mask, scale):
     return _to_tensor(o, q.dtype, q.device), _to_tensor(lse, float32, q.device)
 
 
+def _mod_text(fn, is_score: bool) -> ModText:
+    return ModText(trace_mod(fn, is_score, "triton"), trace_mod(fn, is_score, "cpp"))
+
+
+def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
+    """Under stax.compile: one `omni_attn` node whose params hold the traced mods, its inputs q, k,
+    v and the block mask's arrays; the back ends print it as the Triton or the C++ template. On
+    the CPU half types are widened to float32 around it (pointwise casts that fuse with their
+    neighbours), as the C++ template computes. What no template runs is a graph break (eager)."""
+    tracer = current_tracer()
+    if return_lse:
+        tracer.graph_break("omni_attention(return_lse=True) under stax.compile (the LSE is no graph output)")
+    if backend == "TRITON_DECODE":
+        tracer.graph_break("omni_attention with BACKEND='TRITON_DECODE' (two kernels of its own)")
+    spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale)
+    if spec is None:
+        tracer.graph_break(f"omni_attention on q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype.name}: no "
+                           "template covers it (static sizes, head dim <= 256, float32/float16/bfloat16)")
+    inputs = [q, k, v]
+    params = {"scale": spec.scale, "score_mod": None if score_mod is None else _mod_text(score_mod, True),
+              "mask_mod": None, "block": None}
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        arrays, _ = block_mask._stax_flatten()
+        if any(t.device != q.device for t in arrays):
+            tracer.graph_break(f"omni_attention with the block mask on {arrays[0].device} and q on "
+                               f"{q.device} (build it with create_block_mask(..., device=q.device))")
+        inputs += arrays
+        params.update(mask_mod=_mod_text(block_mask.mask_mod, False), block=tuple(block_mask.BLOCK_SIZE))
+    widen = q.device == "cpu" and q.dtype is not float32
+    if widen:
+        inputs[:3] = [t.to(float32) for t in inputs[:3]]
+    out = _op("omni_attn", inputs, params, _meta(tuple(q.shape), inputs[0].dtype, q.device))
+    return out.to(q.dtype) if widen else out
+
+
 def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
                    return_lse=False, kernel_options=None):
     """Attention with a programmable score: score_mod(score, b, h, q_idx, kv_idx) rewrites each
@@ -452,9 +530,9 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
         raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
-    if current_tracer() is not None:      # the template is itself the compiled kernel
-        current_tracer().graph_break("omni_attention launches its own template kernel")
     backend = _backend(kernel_options, query.device)
+    if current_tracer() is not None:      # stax.compile: one graph node, printed as the template
+        return _traced_omni(query, key, value, score_mod, block_mask, scale, return_lse, backend)
     if backend != "EAGER":
         spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query),
                          query.dtype.name, scale)
@@ -477,14 +555,31 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 # ---- §9.10 The backward: P = exp(S - LSE) recomputed, dQ, dK, dV ----
 
 
-def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
-    """float64: the same recomputation as the kernels."""
+def _eager_mods(s, score_mod, block_mask) -> tuple:
+    """The CPU path's (S', ∂S'/∂S, keep) from float64 scores S [B, H, M, N]: the mods run
+    eagerly on float64 tensors, the derivative through Stax's autograd (score_derivative)."""
+    b, h, m, n = s.shape
+    grids, ds, keep = _index_grids(b, h, m, n), None, None
+    if score_mod is not None:
+        st = from_numpy(np.ascontiguousarray(s))
+        ds = np.broadcast_to(score_derivative(score_mod)(st, *grids)._compute().astype(np.float64), s.shape)
+        s = np.broadcast_to(score_mod(st, *grids)._compute().astype(np.float64), s.shape)
+    if block_mask is not None:
+        keep = _eval_mask(block_mask.mask_mod, b, h, m, n)
+        s = np.where(keep, s, -np.inf)
+    return s, ds, keep
+
+
+def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None, score_mod=None, block_mask=None):
+    """float64: the same recomputation as the kernels; dS = P (dP - delta) ∂score_mod/∂S."""
     h, hk = q.shape[-3], k.shape[-3]
-    s = apply_mask(attention_scores(q, k, scale), attn_mask, is_causal)
-    p = np.exp(s - lse[..., None])
+    s, dmod, keep = _eager_mods(attention_scores(q, k, scale), score_mod, block_mask)
+    s = apply_mask(s, attn_mask, is_causal)
+    p = np.where(np.isneginf(s), 0.0, np.exp(s - lse[..., None]))    # (a row with no key: -inf - -inf)
     kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
     delta = (do * o).sum(-1, keepdims=True)
-    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta)
+    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta) * (1.0 if dmod is None else dmod)
+    ds = np.where(p != 0, ds, 0.0)       # a position that did not count gets no gradient (as the kernels)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dq = ds @ kk * scale
     dk = np.swapaxes(ds, -1, -2) @ q * scale
@@ -493,24 +588,33 @@ def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None):
     return dq, fold(dk), fold(dv)
 
 
-def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
-                       enable_gqa=False, kernel_options=None, attn_mask=None):
-    """(dQ, dK, dV) of attention_forward's (out, lse), P recomputed as exp(S - LSE) (§9.10):
-    nothing N x N is stored. cuda tensors run two Triton kernels (dK and dV over key blocks, dQ
-    over query blocks), CPU ones float64 numpy. `attn_mask` as in the forward (bool keeps, float
-    adds); no score_mod or block mask here yet."""
+def _check_backward_args(grad_out, query, key, value, out, lse, enable_gqa):
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.shape[0] != query.shape[0]:
         raise RuntimeError("attention_backward: query, key and value must be [B, H, L, E] with one batch size")
     if tuple(grad_out.shape) != tuple(out.shape) or tuple(lse.shape) != tuple(query.shape[:-1]):
         raise RuntimeError(f"attention_backward: grad_out {tuple(grad_out.shape)} must match out "
                            f"{tuple(out.shape)} and lse {tuple(lse.shape)} must be {tuple(query.shape[:-1])}")
+
+
+def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, scale=None,
+                       enable_gqa=False, kernel_options=None, attn_mask=None, score_mod=None, block_mask=None):
+    """(dQ, dK, dV) of attention_forward's or omni_attention's (out, lse), P recomputed as
+    exp(S' - LSE) (§9.10): nothing N x N is stored. cuda tensors run two Triton kernels (dK and
+    dV over key blocks, dQ over query blocks), CPU ones float64 numpy. `attn_mask` as in the
+    forward (bool keeps, float adds); `score_mod` and `block_mask` as omni_attention's: dS is
+    P (dP - delta) ⊙ ∂score_mod/∂score, the derivative traced through Stax's autograd (the
+    backward evaluates mask_mod on every block; it skips none)."""
+    _check_backward_args(grad_out, query, key, value, out, lse, enable_gqa)
     backend = _backend(kernel_options, query.device)
-    if backend == "TRITON_DECODE":
-        raise ValueError("attention_backward: BACKEND='TRITON_DECODE' has no backward; use 'TRITON'")
+    if backend in ("TRITON_DECODE", "CPP"):
+        raise ValueError(f"attention_backward: BACKEND={backend!r} has no backward; use 'TRITON' on cuda "
+                         "tensors, or leave BACKEND unset on the CPU")
     if backend == "EAGER":
-        grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
-                                is_causal, scale, None if attn_mask is None else _host(attn_mask))
+        with np.errstate(all="ignore"):
+            grads = _backward_numpy(*(_host(t).astype(np.float64) for t in (grad_out, query, key, value, out, lse)),
+                                    is_causal, scale, None if attn_mask is None else _host(attn_mask),
+                                    score_mod, block_mask)
         return tuple(_to_tensor(g, query.dtype, query.device) for g in grads)
     spec = make_spec(_operand(query), _operand(key), _operand(value), _operand(query), query.dtype.name,
                      scale, is_causal, _operand(attn_mask) if attn_mask is not None else None,
@@ -518,6 +622,11 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     if spec is None:
         raise RuntimeError(f"the backward template does not cover q {tuple(query.shape)}, {query.dtype.name}")
     bs = BackwardSpec(spec, _operand(out), _operand(grad_out))
+    if score_mod is not None:
+        spec.score_mod, bs.score_grad = trace_mod(score_mod, True), trace_mod(score_mod, True, derivative=True)
+    if block_mask is not None:
+        _check_block_mask(spec, block_mask)
+        spec.mask_mod = trace_mod(block_mask.mask_mod, False)
     lse = lse.contiguous() if lse.dtype is float32 else lse.to(float32).contiguous()
     dq = empty(*query.shape, dtype=query.dtype, device=query.device)
     dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))

@@ -22,7 +22,8 @@ Where to look:
   - `AttentionSpec` ..................................... what one template kernel computes
   - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
   - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
-  - `cpp_template` ...................................... BACKEND="CPP": the C++ template for the CPU
+  - `cpp_template` ...................................... the C++ template (BACKEND="CPP", compiled CPU code)
+  - `omni_extern_spec`, `ModText` ....................... a graph's `omni_attn` node -> a spec
   - `backward_templates` ................................ dK/dV and dQ, P = exp(S - LSE) recomputed
   - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
   - `attention_template` ................................ the entry: (name, source)
@@ -150,6 +151,19 @@ class ModBody:
     result: str
 
 
+@dataclass(frozen=True)
+class ModText:
+    """A traced score_mod or mask_mod as a parameter of a graph's `omni_attn` node: its body as
+    each back end's printer wrote it. Its repr (in the graph text, hence the artifact key) is
+    that text, so the same traced function gives the same node."""
+    triton: ModBody
+    cpp: ModBody
+
+    def __repr__(self):
+        return "mod{" + "; ".join(self.triton.lines + [self.triton.result, "|"] + self.cpp.lines
+                                  + [self.cpp.result]) + "}"
+
+
 @dataclass
 class AttentionSpec:
     q: Operand
@@ -245,16 +259,17 @@ def _sparse_loops(spec: AttentionSpec) -> list:
     (without); empty blocks are never visited. Each listed block is SPARSE_KV keys, scanned in
     BLOCK_N pieces."""
     sq, skv, nb, ind = spec.sparse
-    lines = [f"qb = (pid_m * BLOCK_M) // {sq}"]
+    lines = [f"qb = (pid_m * BLOCK_M) // {sq}", f"per = {skv} // BLOCK_N"]
     for label, nb_ptr, ind_ptr, partial in (("partial", "in_ptr4", "in_ptr5", True),
                                              ("full", "in_ptr6", "in_ptr7", False)):
-        lines += [f"# the {label} blocks of this Q block",
+        # one flat loop over the listed blocks' BLOCK_N pieces (not a loop nest), so that the
+        # compiler's software pipelining (num_stages) overlaps the loads across blocks too
+        lines += [f"# the {label} blocks of this Q block, each in {skv} // BLOCK_N pieces",
                   f"n_blocks = tl.load({nb_ptr} + ({nb.index('b', 'h', 'qb', '0')}))",
-                  "for j in range(0, n_blocks):",
-                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', 'j')}))",
-                  f"    for sub in range(0, {skv}, BLOCK_N):",
-                  f"        start_n = kv_block * {skv} + sub"]
-        lines += ["        " + x for x in _kv_step(spec, partial)]
+                  "for it in range(0, n_blocks * per):",
+                  f"    kv_block = tl.load({ind_ptr} + ({ind.index('b', 'h', 'qb', '(it // per)')}))",
+                  f"    start_n = kv_block * {skv} + (it % per) * BLOCK_N"]
+        lines += ["    " + x for x in _kv_step(spec, partial)]
     return lines
 
 
@@ -281,6 +296,14 @@ def _body(spec: AttentionSpec) -> list:
               f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
               f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
     return lines
+
+
+def _full_head_dim(lines: list, d: int) -> list:
+    """A head dim that is a power of two (>= 16) is exactly the block's `rd` range: its masks are
+    always true, so they are left out (a mask along the contiguous dim blocks vector loads)."""
+    if d < 16 or d & (d - 1):
+        return lines
+    return [x.replace(" & (rd[None, :] < D)", "").replace(" & (rd[:, None] < D)", "") for x in lines]
 
 
 def _signature(spec: AttentionSpec) -> dict:
@@ -316,7 +339,7 @@ def attention_template(index: int, spec: AttentionSpec) -> tuple:
            f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
            f"@triton.jit\n"
            f"def {name}({', '.join(list(sig) + consts)}):\n"
-           + "\n".join("    " + line for line in _body(spec)) + "\n")
+           + "\n".join("    " + line for line in _full_head_dim(_body(spec), spec.dims[5])) + "\n")
     return name, src
 
 
@@ -366,8 +389,35 @@ def make_spec(q, k, v, out, dtype, scale=None, is_causal=False, mask=None, mask_
                          origins=list(origins))
 
 
+def _block_operand(shape, stride, offset) -> Operand | None:
+    """A block mask's count array [B, H, QB] as 4-D (a trailing dim of 1), its index array as is."""
+    if len(shape) == 3:
+        shape, stride = tuple(shape) + (1,), tuple(stride) + (1,)
+    return as_operand(shape, stride, offset)
+
+
+def omni_extern_spec(e, lowered, language: str = "triton") -> tuple:
+    """(AttentionSpec, the buffers the launch reads) of an `omni_attn` node (attention.py records
+    it under stax.compile): q, k, v [, the block mask's four arrays], its mods' bodies printed
+    for `language` ('triton' or 'cpp'). The node was recorded only for inputs the template runs."""
+    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    names = [o[0] for o in ops]
+    out = as_operand(e.layout.shape, e.layout.stride, 0)
+    spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, ops[0][1], e.params["scale"], origins=e.origins)
+    if spec is None or ops[0][1] != e.dtype.name:
+        raise RuntimeError(f"stax internal error: the omni_attn node {e.name} does not fit the template")
+    pick = lambda mod: None if mod is None else getattr(mod, language)      # noqa: E731
+    spec.score_mod, spec.mask_mod = pick(e.params["score_mod"]), pick(e.params["mask_mod"])
+    if e.params["block"]:
+        layouts = [lowered.buffer(x).layout if isinstance(x, str) else x.layout for x in e.inputs[3:5]]
+        spec.sparse = (*e.params["block"], *(_block_operand(x.shape, x.stride, x.offset) for x in layouts))
+    return spec, names
+
+
 def extern_spec(e, lowered) -> tuple:
     """(AttentionSpec or None, the names of the buffers the launch reads) of an `sdpa` node."""
+    if e.op == "omni_attn":
+        return omni_extern_spec(e, lowered)
     if e.op != "sdpa" or not e.inputs or not all(hasattr(x, "buffer") or isinstance(x, str)
                                                  for x in e.inputs):
         return None, []
@@ -463,18 +513,25 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
                f"@triton_heuristics.attention_decode(size_hints={hints!r}, signature={sig!r})\n"
                f"@triton.jit\n"
                f"def {name}({', '.join(list(sig) + ['BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in body) + "\n")
+               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
         out.append((name, src, numels))
     return out
 
 
-# ---- §9.10 The C++ template (BACKEND="CPP"): the same triple, one query row per iteration ----
+# ---- §9.10 The C++ template (BACKEND="CPP" and compiled CPU code): the same triple, a tile of query rows ----
 
 _CPP_ROW = """
+#ifndef STAX_ATTENTION_ROWS
+#define STAX_ATTENTION_ROWS
+typedef float stax_v8 __attribute__((vector_size(32)));     // 8 rows of a tile, in lanes (AVX: one register)
+static inline stax_v8 stax_ld8(const float* p) {{ stax_v8 x; __builtin_memcpy(&x, p, sizeof x); return x; }}
+static inline void stax_st8(float* p, stax_v8 x) {{ __builtin_memcpy(p, &x, sizeof x); }}
+#endif
 extern "C" void {name}(const float* q, const float* k, const float* v, const int32_t* nb,
                        const int32_t* ind, const int32_t* fnb, const int32_t* find, float* out, float* lse) {{
     // {what}: a tile of QT query rows of one (batch, head) keeps its triples (m, l, acc) while it
-    // scans the keys in blocks of KB: each key row is read once for the whole tile
+    // scans the keys in blocks of KB. Scores are kept transposed, sT[key][row], so that the rows
+    // are the vector lanes of the QKᵀ dot (4 keys a step) and of the online update
     constexpr int64_t QT = 16, KB = {kblock};
     const int64_t tiles = ({m} + QT - 1) / QT;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -482,73 +539,130 @@ extern "C" void {name}(const float* q, const float* k, const float* v, const int
         for (int64_t t = 0; t < tiles; ++t) {{
             const int64_t b = bh / {h}, h = bh % {h}, hk = h / {groups};
             const int64_t i0 = t * QT, i1 = std::min<int64_t>({m}, i0 + QT), rows = i1 - i0;
-            const float* qt = q + (bh * {m} + i0) * {d};
-            const float* kh = k + (b * {hk} + hk) * {n} * {d};
-            const float* vh = v + (b * {hk} + hk) * {n} * {d};
-            float m_i[QT], l_i[QT], acc[QT][{d}], sc[QT][KB], qT[{d}][QT];
+            (void)b, (void)hk;
+            const float* qt = q + ({q_base});
+            const float* kh = k + ({k_base});
+            const float* vh = v + ({v_base});
+            alignas(64) float m_i[QT], l_i[QT], acc[QT][{d}], sT[KB][QT];
+            stax_v8 qT[{d}][2];
             for (int64_t r = 0; r < QT; ++r) {{
                 m_i[r] = -INFINITY;
                 l_i[r] = 0.0f;
                 for (int64_t c = 0; c < {d}; ++c) acc[r][c] = 0.0f;
-                for (int64_t c = 0; c < {d}; ++c) qT[c][r] = r < rows ? qt[r * {d} + c] : 0.0f;
+                for (int64_t c = 0; c < {d}; ++c) qT[c][r / 8][r % 8] = r < rows ? qt[{q_elem}] : 0.0f;
             }}
             auto visit = [&](int64_t lo, int64_t hi, bool partial) {{
                 (void)partial;
                 for (int64_t j0 = lo; j0 < hi; j0 += KB) {{
-                    const int64_t j1 = std::min<int64_t>(hi, j0 + KB);
-                    for (int64_t j = j0; j < j1; ++j) {{
-                        const float* kj = kh + j * {d};
-                        float dots[QT] = {{0}};          // the tile's rows in the vector lanes
+                    const int64_t nk = std::min<int64_t>(hi - j0, KB);
+                    int64_t jj = 0;
+                    for (; jj + 4 <= nk; jj += 4) {{         // S = scale · q kᵀ, 4 keys a step
+                        const float *k0 = kh + {k_row0}, *k1 = k0 + {ks}, *k2 = k1 + {ks}, *k3 = k2 + {ks};
+                        stax_v8 s0 = {{}}, s1 = {{}}, s2 = {{}}, s3 = {{}}, t0 = {{}}, t1 = {{}}, t2 = {{}}, t3 = {{}};
                         for (int64_t c = 0; c < {d}; ++c) {{
-                            const float kc = kj[c];
-                            for (int64_t r = 0; r < QT; ++r) dots[r] += qT[c][r] * kc;
+                            const stax_v8 x = qT[c][0], y = qT[c][1];
+                            const float a0 = k0[{k_col}], a1 = k1[{k_col}], a2 = k2[{k_col}], a3 = k3[{k_col}];
+                            s0 += x * a0, s1 += x * a1, s2 += x * a2, s3 += x * a3;
+                            t0 += y * a0, t1 += y * a1, t2 += y * a2, t3 += y * a3;
                         }}
-                        for (int64_t r = 0; r < rows; ++r) {{
-                            const int64_t i = i0 + r, q_idx = i, kv_idx = j;
-                            (void)q_idx, (void)kv_idx;
-                            float s = dots[r] * {scale}f;
-{score_mod}
-{mask}
-                            sc[r][j - j0] = s;
-                        }}
+                        stax_st8(sT[jj], s0 * {scale}f), stax_st8(sT[jj] + 8, t0 * {scale}f);
+                        stax_st8(sT[jj + 1], s1 * {scale}f), stax_st8(sT[jj + 1] + 8, t1 * {scale}f);
+                        stax_st8(sT[jj + 2], s2 * {scale}f), stax_st8(sT[jj + 2] + 8, t2 * {scale}f);
+                        stax_st8(sT[jj + 3], s3 * {scale}f), stax_st8(sT[jj + 3] + 8, t3 * {scale}f);
                     }}
-                    for (int64_t r = 0; r < rows; ++r) {{
-                        float bmax = -INFINITY;
-                        for (int64_t j = 0; j < j1 - j0; ++j) bmax = sc[r][j] > bmax ? sc[r][j] : bmax;
-                        if (bmax == -INFINITY) {{      // nothing kept here (a NaN score still counts)
-                            for (int64_t j = 0; j < j1 - j0; ++j) {{
-                                sc[r][j] = sc[r][j] != sc[r][j] ? sc[r][j] : 0.0f;
-                                l_i[r] += sc[r][j];
-                            }}
-                            continue;
-                        }}
-                        const float m_new = m_i[r] > bmax ? m_i[r] : bmax;
-                        const float alpha = stax_exp(m_i[r] - m_new);
-                        l_i[r] *= alpha;
-                        for (int64_t c = 0; c < {d}; ++c) acc[r][c] *= alpha;
-                        for (int64_t j = 0; j < j1 - j0; ++j) sc[r][j] = stax_exp(sc[r][j] - m_new);
-                        for (int64_t j = 0; j < j1 - j0; ++j) l_i[r] += sc[r][j];
+                    for (; jj < nk; ++jj) {{
+                        const float* k0 = kh + {k_row0};
+                        stax_v8 s0 = {{}}, t0 = {{}};
+                        for (int64_t c = 0; c < {d}; ++c) s0 += qT[c][0] * k0[{k_col}], t0 += qT[c][1] * k0[{k_col}];
+                        stax_st8(sT[jj], s0 * {scale}f), stax_st8(sT[jj] + 8, t0 * {scale}f);
+                    }}
+{mods}
+                    // the online update, rows in lanes: rescale by e^(m_old - m_new), P = e^(S - m_new)
+                    float mu[QT], alpha[QT];
+                    stax_v8 mx = stax_ld8(m_i), my = stax_ld8(m_i + 8);      // (a NaN score never wins)
+                    for (int64_t j = 0; j < nk; ++j) {{
+                        const stax_v8 x = stax_ld8(sT[j]), y = stax_ld8(sT[j] + 8);
+                        mx = x > mx ? x : mx, my = y > my ? y : my;
+                    }}
+                    stax_st8(mu, mx), stax_st8(mu + 8, my);
+                    for (int64_t r = 0; r < QT; ++r) {{
+                        const float m_new = mu[r];
+                        mu[r] = m_new == -INFINITY ? 0.0f : m_new;    // nothing kept yet: e^(-inf) is 0
+                        alpha[r] = stax_exp(m_i[r] - mu[r]);
                         m_i[r] = m_new;
+                        l_i[r] *= alpha[r];
                     }}
-                    for (int64_t j = j0; j < j1; ++j) {{
-                        const float* vj = vh + j * {d};
-                        for (int64_t r = 0; r < rows; ++r) {{
-                            const float p = sc[r][j - j0];
-                            for (int64_t c = 0; c < {d}; ++c) acc[r][c] += p * vj[c];
+                    for (int64_t j = 0; j < nk; ++j)
+                        for (int64_t r = 0; r < QT; ++r) {{
+                            sT[j][r] = stax_exp(sT[j][r] - mu[r]);
+                            l_i[r] += sT[j][r];
+                        }}
+                    for (int64_t r = 0; r < rows; r += 2) {{    // acc += P v, two rows per V load
+                        float* a0 = acc[r];
+                        float* a1 = acc[r + 1];
+                        for (int64_t c = 0; c < {d}; ++c) a0[c] *= alpha[r], a1[c] *= alpha[r + 1];
+                        int64_t j = 0;
+                        for (; j + 4 <= nk; j += 4) {{
+                            const float *v0 = vh + {v_row0}, *v1 = v0 + {vs}, *v2 = v1 + {vs}, *v3 = v2 + {vs};
+                            const float p0 = sT[j][r], p1 = sT[j + 1][r], p2 = sT[j + 2][r], p3 = sT[j + 3][r];
+                            const float u0 = sT[j][r + 1], u1 = sT[j + 1][r + 1], u2 = sT[j + 2][r + 1],
+                                        u3 = sT[j + 3][r + 1];
+                            for (int64_t c = 0; c < {d}; ++c) {{
+                                const float x0 = v0[{v_col}], x1 = v1[{v_col}], x2 = v2[{v_col}], x3 = v3[{v_col}];
+                                a0[c] += p0 * x0 + p1 * x1 + p2 * x2 + p3 * x3;
+                                a1[c] += u0 * x0 + u1 * x1 + u2 * x2 + u3 * x3;
+                            }}
+                        }}
+                        for (; j < nk; ++j) {{
+                            const float* v0 = vh + {v_row0};
+                            const float p0 = sT[j][r], u0 = sT[j][r + 1];
+                            for (int64_t c = 0; c < {d}; ++c) a0[c] += p0 * v0[{v_col}], a1[c] += u0 * v0[{v_col}];
                         }}
                     }}
                 }}
             }};
 {loops}
             for (int64_t r = 0; r < rows; ++r) {{
-                float* oi = out + (bh * {m} + i0 + r) * {d};
-                for (int64_t c = 0; c < {d}; ++c) oi[c] = acc[r][c] / l_i[r];
-                lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
+                float* oi = out + ({o_base}) + r * {o_row};
+                for (int64_t c = 0; c < {d}; ++c) oi[{o_col}] = acc[r][c] / l_i[r];
+                if (lse) lse[bh * {m} + i0 + r] = m_i[r] + std::log(l_i[r]);
             }}
         }}
     }}
 }}
 """
+
+_CPP_MODS = """                    for (int64_t jj = 0; jj < nk; ++jj) {{     // score_mod and the masks, per score
+                        for (int64_t r = 0; r < QT; ++r) {{
+                            const int64_t i = i0 + r, j = j0 + jj, q_idx = i, kv_idx = j;
+                            (void)i, (void)j, (void)q_idx, (void)kv_idx;
+                            float s = sT[jj][r];
+{score_mod}
+{mask}
+                            sT[jj][r] = s;
+                        }}
+                    }}"""
+
+
+def contiguous_operand(shape) -> Operand:
+    """The Operand of a contiguous 4-D array of this shape."""
+    shape, stride, acc = tuple(int(s) for s in shape), [], 1
+    for s in reversed(shape):
+        stride.insert(0, acc)
+        acc *= max(s, 1)
+    return Operand(shape, tuple(stride))
+
+
+def _cpp_mul(var: str, stride: int) -> str:
+    return "0" if stride == 0 else var if stride == 1 else f"{var} * {stride}"
+
+
+def _cpp_base(x: Operand, b: str, h: str, row: str) -> str:
+    """The offset of (b, h, row, 0) in a 4-D Operand, as C++ (size-1 dims broadcast)."""
+    terms = [str(x.offset)] if x.offset else []
+    terms += [_cpp_mul(var, st) for var, size, st in zip((b, h, row), x.shape[:3], x.stride[:3])
+              if size != 1 and st != 0]
+    return " + ".join(terms) or "0"
 
 
 def _cpp_block(body, target: str, indent: str) -> str:
@@ -560,14 +674,28 @@ def _cpp_block(body, target: str, indent: str) -> str:
     return "\n".join(lines)
 
 
-def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
-    """(C++ text, cffi declaration) of the CPU template for `spec` on contiguous float32 q, k, v.
-    The mods are ModBody lines printed by the C++ printer; `block_shape` is (Bm, Hm, QB, KB) of a
-    block mask (its arrays contiguous int32), empty for none."""
+def _cpp_block_loops(spec: AttentionSpec) -> str:
+    """Figure 9.3 on the CPU: the tile's Q block lists its partial blocks (mask_mod) and its full
+    ones; `nb`, `ind`, `fnb`, `find` are read through the block mask's Operands."""
+    bq, bkv, nb, ind = spec.sparse
+    pre, out = "            ", []
+    for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")):
+        row = _cpp_base(nb, "b", "h", f"(i0 / {bq})")
+        col = _cpp_base(ind, "b", "h", f"(i0 / {bq})") + " + " + _cpp_mul("u", ind.stride[3])
+        out.append(f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
+                   f"{pre}    const int64_t j0 = (int64_t){idx}[{col}] * {bkv};\n"
+                   f"{pre}    visit(j0, std::min<int64_t>({spec.dims[4]}, j0 + {bkv}), {part});\n{pre}}}")
+    return "\n".join(out)
+
+
+def cpp_template(spec: AttentionSpec, name: str = "stax_attention_cpu") -> tuple:
+    """(C++ text, cffi declaration) of the CPU template for `spec` on float32 q, k, v of any strides
+    (their Operands), the output through `spec.out`, the LSE [B·H·M] contiguous (NULL: not written).
+    The mods are ModBody lines printed by the C++ printer; with `spec.sparse` the block mask's
+    count and index arrays (int32) are read through its two Operands, else those pointers are unused."""
     b, h, hk, m, n, d = spec.dims
-    name = "stax_attention_cpu"
     ind = "    " * 7
-    mask = ""
+    mask = ""  # (the per-score lines sit 7 levels deep in _CPP_MODS)
     if spec.is_causal:
         mask += f"{ind}if (j > i) s = -INFINITY;\n"
     if spec.mask_mod is not None:
@@ -577,22 +705,22 @@ def cpp_template(spec: AttentionSpec, block_shape: tuple = ()) -> tuple:
     if spec.score_mod is not None:
         score = f"{ind}{{\n{ind}    const float score = s;\n" \
                 f"{_cpp_block(spec.score_mod, 's', ind + '    ')}\n{ind}}}"
-    pre = "            "
-    if block_shape:
-        bm, hm, qb, kb = block_shape
-        bq, bkv = spec.sparse[:2]
-        row = f"(({'b' if bm > 1 else '0'} * {hm} + {'h' if hm > 1 else '0'}) * {qb} + i0 / {bq})"
-        loops = "\n".join(
-            f"{pre}for (int32_t u = 0; u < {cnt}[{row}]; ++u) {{\n"
-            f"{pre}    const int64_t j0 = (int64_t){idx}[{row} * {kb} + u] * {bkv};\n"
-            f"{pre}    visit(j0, std::min<int64_t>({n}, j0 + {bkv}), {part});\n{pre}}}"
-            for cnt, idx, part in (("nb", "ind", "true"), ("fnb", "find", "false")))
+    if spec.sparse:
+        loops = _cpp_block_loops(spec)
     else:
         hi = f"std::min<int64_t>({n}, i1)" if spec.is_causal else str(n)
-        loops = f"{pre}visit(0, {hi}, true);"
-    text = _CPP_ROW.format(name=name, what=", ".join(spec.origins) or "attention", kblock=64, bh=b * h,
-                           m=m, n=n, d=d, h=h, hk=hk, groups=h // hk, scale=repr(float(spec.scale)),
-                           score_mod=score, mask=mask.rstrip("\n"), loops=loops)
+        loops = f"            visit(0, {hi}, true);"
+    q, k, v, o = spec.q, spec.k, spec.v, spec.out
+    mods = _CPP_MODS.format(score_mod=score, mask=mask.rstrip("\n")) if score or mask else ""
+    text = _CPP_ROW.format(
+        name=name, what=", ".join(dict.fromkeys(spec.origins)) or "attention", kblock=64, bh=b * h,
+        m=m, d=d, h=h, groups=h // hk, scale=repr(float(spec.scale)), mods=mods, loops=loops,
+        q_base=_cpp_base(q, "b", "h", "i0"), q_elem=f"{_cpp_mul('r', q.stride[2])} + {_cpp_mul('c', q.stride[3])}",
+        k_base=_cpp_base(k, "b", "hk", "0"), k_row0=_cpp_mul("(j0 + jj)", k.stride[2]), ks=k.stride[2],
+        k_col=_cpp_mul("c", k.stride[3]),
+        v_base=_cpp_base(v, "b", "hk", "0"), v_row0=_cpp_mul("(j0 + j)", v.stride[2]), vs=v.stride[2],
+        v_col=_cpp_mul("c", v.stride[3]),
+        o_base=_cpp_base(o, "b", "h", "i0"), o_row=o.stride[2], o_col=_cpp_mul("c", o.stride[3]))
     cdef = (f"void {name}(const float* q, const float* k, const float* v, const int32_t* nb, const int32_t* ind, "
             "const int32_t* fnb, const int32_t* find, float* out, float* lse);")
     return "#include <algorithm>\n#include <cmath>\n" + text, cdef
@@ -607,6 +735,7 @@ class BackwardSpec:
     fwd: AttentionSpec
     o: Operand
     do: Operand
+    score_grad: ModBody | None = None    # ∂score_mod/∂score, traced through Stax's autograd
 
 
 def _bwd_head(spec: AttentionSpec) -> list:
@@ -625,6 +754,23 @@ def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> 
     return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
 
 
+def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+    """score_mod, its derivative and mask_mod in a backward tile of scores `var` (natural units):
+    (lines, extra keep term, the factor dS' -> dS). The tile's positions are q_idx = `rows`,
+    kv_idx = `cols`; mask_mod is evaluated on every block (the backward visits them all)."""
+    s, lines, keep, factor = bs.fwd, [], "", ""
+    if s.score_mod is not None or s.mask_mod is not None:
+        lines += [f"q_idx = {rows}", f"kv_idx = {cols}"]
+    if s.score_mod is not None:
+        lines += [f"score = {var}", *s.score_mod.lines, f"smod = {s.score_mod.result}"]
+        lines += [*bs.score_grad.lines, f"dsmod = {bs.score_grad.result}", f"{var} = smod"]
+        factor = " * dsmod"
+    if s.mask_mod is not None:
+        lines += [*s.mask_mod.lines, f"mm = {s.mask_mod.result}"]
+        keep = " & (mm != 0)"
+    return [indent + x for x in lines], keep, factor
+
+
 def _dkdv_body(bs: BackwardSpec) -> list:
     """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
     and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
@@ -637,6 +783,8 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
     qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
     mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
     return _bwd_head(s) + [
         "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
         "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
@@ -662,7 +810,7 @@ def _dkdv_body(bs: BackwardSpec) -> list:
         f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
         f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
         f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
-        "        dsT = pT * (dpT - delta[None, :])",
+        f"        dsT = tl.where({keep}{mask_keep}, pT * (dpT - delta[None, :]){factor}, 0.0)",
         f"        dk += tl.dot(dsT.to({dt}), qb{prec}, out_dtype=tl.float32)",
         "out = (rn[:, None] < N) & (rd[None, :] < D)",
         f"tl.store(out_ptr0 + (bh * N * D + rn[:, None] * D + rd[None, :]), (dk * {s.scale!r}).to({dt}), out)",
@@ -679,6 +827,8 @@ def _dq_body(bs: BackwardSpec) -> list:
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
     row = "(rm[:, None] < M) & (rd[None, :] < D)"
     mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
     return _bwd_head(s) + [
         "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
         f"hk = h // {h // hk}",
@@ -698,7 +848,7 @@ def _dq_body(bs: BackwardSpec) -> list:
         *mask_lines,
         f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
         f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
-        "    ds = p * (dp - delta[:, None])",
+        f"    ds = tl.where({keep}{mask_keep}, p * (dp - delta[:, None]){factor}, 0.0)",
         f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
         f"tl.store(out_ptr0 + (bh * M * D + rm[:, None] * D + rd[None, :]), (dq * {s.scale!r}).to({dt}), {row})"]
 
@@ -723,7 +873,7 @@ def backward_templates(bs: BackwardSpec) -> list:
                f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
                f"@triton.jit\n"
                f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in body) + "\n")
+               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
         out.append((name, src, numels))
     return out
 

@@ -796,6 +796,9 @@ def _map_tensors(obj, f):
         return type(obj)(_map_tensors(x, f) for x in obj)
     if type(obj) is dict:
         return {k: _map_tensors(v, f) for k, v in obj.items()}
+    if hasattr(type(obj), "_stax_flatten"):     # a container of tensors an API defines (a BlockMask)
+        tensors, rebuild = obj._stax_flatten()
+        return rebuild([_map_tensors(t, f) for t in tensors])
     return obj
 
 

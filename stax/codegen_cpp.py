@@ -732,13 +732,29 @@ def _wrapper(sched, calls) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _attention_call(e, low, kernels: dict, cdefs: list) -> list:
+    """§9.10: an `omni_attn` node as the C++ attention template, reading its inputs in place."""
+    from .attention_kernels import cpp_template, omni_extern_spec
+    spec, operands = omni_extern_spec(e, low, "cpp")
+    name = f"cpp_fused_attention_{len(kernels)}"
+    kernels[name], cdef = cpp_template(spec, name)
+    cdefs.append(cdef)
+    blocks = [f"ptr({pyname(o)})" for o in operands[3:]] or ["NULL"] * 4
+    args = [f"ptr({pyname(o)})" for o in operands[:3]] + blocks + [f"ptr({pyname(e.name)})", "NULL"]
+    return [f"{pyname(e.name)} = empty({pyshape(e.layout.shape)}, {pydtype(e.dtype)})",
+            f"kernels.{pyname(name)}({', '.join(args)})"]
+
+
 def generate(sched) -> CppModule:
     """Print every fusion group as a C++ kernel (or a fallback call) and the wrapper around them."""
     low = sched.lowered
     kernels, cdefs, calls, allocated = {}, [], [], {b.name for b in low.inputs}
     for g in sched.groups:
         call, new = [], set()
-        if g.kind == "extern":
+        if g.kind == "extern" and g.nodes[0].op == "omni_attn":
+            call += _attention_call(g.nodes[0], low, kernels, cdefs)        # §9.10: the C++ template
+            new.add(g.nodes[0].name)
+        elif g.kind == "extern":
             e = g.nodes[0]
             call += extern_call(e, low.unbacked, pydtype(e.dtype), low.checks)
             new.add(e.name)

@@ -392,6 +392,10 @@ OPS = {d.name: d for d in [
     # §9.10 scaled dot-product attention: q, k, v [, attn_mask]; a flash template on the GPU
     OpDef("sdpa", "other", 3, sdpa_numpy, fallback=True),
     OpDef("repeat_index", "other", 1, _repeat_index, fallback=True),     # repeat_interleave's index
+    # §9.10 omni_attention under stax.compile: q, k, v [, a block mask's four int32 arrays]; its
+    # score_mod / mask_mod traced into params (attention_kernels.ModText). Always a template (C++ or
+    # Triton), never run here: attention.py records it only for inputs a template runs
+    OpDef("omni_attn", "other", -1, None, fallback=True),
     OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
           fallback=True),
     OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],

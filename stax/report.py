@@ -198,6 +198,9 @@ def traffic(gen) -> dict:
             reads = sorted({x for a in e.inputs for x in (a if isinstance(a, list) else [a])
                             if isinstance(x, str)})
             writes, kname, src = [e.name], f"fallback {e.op}", ""
+            if _printed_as_template(e, kernels, ki):
+                kname, src = kernels[ki]
+                ki += 1
         else:
             kname, src = kernels[ki]
             ki += 1
@@ -218,10 +221,22 @@ def traffic(gen) -> dict:
 # ---- What each kernel is, and where each of its lines comes from ----
 
 
+_TEMPLATE_OPS = {"sdpa": "_attention_", "omni_attn": "_attention_", "conv2d": "_conv_"}
+
+
+def _printed_as_template(e, kernels, ki) -> bool:
+    """An extern node a back end printed as a template kernel of its own (§9.8 conv, §9.10
+    attention) rather than a §6.1 fallback call: the next kernel is that template."""
+    mark = _TEMPLATE_OPS.get(e.op)
+    return mark is not None and ki < len(kernels) and mark in kernels[ki][0]
+
+
 def kernel_form(row: dict, previous: dict | None) -> tuple:
     """(kind, chapter section) of a kernel: from its group and the decorator it was printed with."""
-    if row["kind"] == "extern":
+    if row["kind"] == "extern" and row["kernel"].startswith("fallback "):
         return "fallback", "§6.1"
+    if row["kind"] == "extern":                 # a template printed for an extern node
+        return "template", "§9.10" if "attention" in row["kernel"] else "§9.8"
     src = row["source"]
     deco = re.search(r"@triton_heuristics\.(\w+)", src)
     if deco is not None:

@@ -83,7 +83,7 @@ def cpu_wrapper_globals(ffi, lib) -> dict:
 
     names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
              "extern_kernel": extern_kernel, "launch_prologue": launch_prologue,
-             "reinterpret_tensor": reinterpret_tensor}
+             "reinterpret_tensor": reinterpret_tensor, "NULL": ffi.NULL}
     names.update({d.name: d for d in DTYPES.values()})
     return names
 

@@ -48,6 +48,8 @@ def key_of(x):
         return ("dict", tuple((k, key_of(v)) for k, v in x.items()))
     if isinstance(x, np.ndarray):      # always run eagerly (capture.py): one key, never a stale id
         return ("ndarray",)
+    if hasattr(type(x), "_stax_flatten"):     # a container of tensors (a BlockMask): their layouts
+        return (type(x).__name__, x._stax_key(), tuple(key_of(t) for t in x._stax_flatten()[0]))
     return ("object", id(x))
 
 

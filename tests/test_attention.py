@@ -60,6 +60,8 @@ def ref_attention(q, k, v, mask=None, causal=False, scale=None):
 
 
 def host(t):
+    if isinstance(t, np.ndarray):
+        return t.astype(np.float64)
     return np.asarray(t.cpu().float().numpy(), np.float64)
 
 
@@ -145,6 +147,8 @@ def test_compiled_sdpa_is_one_flash_template(rng, dtype, shape_q, n, causal):
     f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=causal))
     out = f(q.to("cuda"), k.to("cuda"), v.to("cuda"))
     assert list(f.last_generated.kernels) == ["triton_tem_fused_attention_0"]
+    d = shape_q[-1]             # a power-of-two head dim is the whole `rd` range: no mask along it
+    assert ("< D)" in f.last_generated.kernels["triton_tem_fused_attention_0"]) == bool(d & (d - 1))
     assert out.dtype is dtype and out.device == "cuda"
     _close(out, ref, dtype)
     eager = stax.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -289,6 +293,63 @@ def test_listing_9_7_runs_as_printed(rng):
     assert_close(tp.omni_attention(q, k, v, score_mod=alibi, block_mask=cpu_mask), ref, stax.float32)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_listing_9_7_compiles_without_a_graph_break(rng, device):
+    """stax.compile(omni_attention) is one graph node and one template kernel (C++ on the CPU,
+    Triton on the GPU), the block mask's arrays inputs of the call: a new mask of the same
+    shape reuses the artifact, another mask_mod compiles again. Odd length, grouped heads."""
+    q = randn(rng, (2, 4, 200, 16))
+    k, v = randn(rng, (2, 2, 200, 16)), randn(rng, (2, 2, 200, 16))
+    f = stax.compile(stax.omni_attention)
+    args = [t.to(device) for t in (q, k, v)]
+    for mask_mod, keep in ((causal, REF_CAUSAL), (causal, REF_CAUSAL),
+                           (sliding_window, lambda b, h, i, j: (i >= j) & (i - j < 40 * (h + 1)))):
+        bm = stax.create_block_mask(mask_mod, None, 4, 200, 200, device=device, BLOCK_SIZE=64)
+        out = f(*args, score_mod=alibi, block_mask=bm, enable_gqa=True)
+        assert_close(out.cpu(), ref_omni(q, k, v, REF_ALIBI, keep), stax.float32)
+        assert f.stats["eager_calls"] == 0 and len(f.last_generated.kernels) == 1
+        name = next(iter(f.last_generated.kernels))
+        assert name.startswith("cpp_fused_attention" if device == "cpu" else "triton_tem_fused_attention")
+    assert f.stats["compiles"] == 2            # the second causal mask reused the first artifact
+    with pytest.raises(stax.capture.GraphBreak, match="return_lse"):
+        stax.compile(stax.omni_attention, fullgraph=True)(*args, enable_gqa=True, return_lse=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compiled_omni_in_a_block_fuses_its_neighbours(rng, device):
+    """Projections in, heads split by a view + transpose (read in place: strided operands), the
+    template, heads merged, the output projection; half types on the CPU are widened by casts
+    that fuse with the ops around them. Kernel count and result against float64."""
+    b, n, heads, d = 1, 70, 2, 16
+    x = randn(rng, (b, n, heads * d))
+    w = [randn(rng, (heads * d, heads * d)) * 0.2 for _ in range(4)]
+
+    def block(x, wq, wk, wv, wo):
+        split = lambda t: t.reshape(b, n, heads, d).transpose(1, 2)      # noqa: E731
+        q, k, v = (split(x @ w_) for w_ in (wq, wk, wv))
+        o = stax.omni_attention(q * 2.0, k, v, score_mod=softcap)
+        return stax.relu(o.transpose(1, 2).reshape(b, n, heads * d)) @ wo
+
+    xs, ws = host(x), [host(t) for t in w]
+    split = lambda t: t.reshape(b, n, heads, d).transpose(0, 2, 1, 3)   # noqa: E731
+    q, k, v = (split(xs @ w_) for w_ in ws[:3])
+    o = ref_omni(q * 2.0, k, v, lambda s, b_, h, i, j: 20 * np.tanh(s / 20))
+    ref = np.maximum(o.transpose(0, 2, 1, 3).reshape(b, n, heads * d), 0) @ ws[3]
+    for dtype in ((stax.float32, stax.float16) if device == "cpu" else (stax.float32,)):
+        f = stax.compile(block)
+        out = f(*[t.to(dtype).to(device) for t in [x] + w])
+        assert f.stats["eager_calls"] == 0 and out.dtype is dtype
+        kernels = list(f.last_generated.kernels)
+        assert sum("attention" in k_ for k_ in kernels) == 1, kernels
+        tol = dict(rtol=2e-2, atol=2e-2) if dtype is stax.float16 else dict(rtol=1e-4, atol=1e-4)
+        assert_close(out.cpu().float(), ref, stax.float32, **tol)
+        if device == "cpu" and dtype is stax.float32:    # matmuls are extern: q * 2 fuses alone
+            assert len(kernels) == 3, kernels             # q * 2; the template; relu(transpose)
+    q_off = randn(rng, (1, 2, 33, 16))[:, :, 1:]             # a view with an offset and a gap
+    out = stax.compile(lambda q: stax.omni_attention(q, q, q, score_mod=alibi))(q_off.to(device))
+    assert_close(out.cpu(), ref_omni(q_off, q_off, q_off, REF_ALIBI), stax.float32)
+
+
 @pytest.mark.parametrize("dtype", [stax.float32, stax.bfloat16])
 def test_omni_softcap_sliding_window_per_head_gqa(rng, dtype):
     q = randn(rng, (2, 2, 150, 16), dtype)
@@ -323,7 +384,7 @@ def test_template_visits_partial_blocks_with_mask_mod_and_full_ones_without():
     src = attention_template(0, spec)[1]
     partial, full = src.split("# the full blocks")
     assert "mask_tmp0 = (q_idx >= kv_idx)" in partial and "mask_tmp" not in full
-    assert "range(0, n_blocks)" in full          # only the listed blocks: empty ones never load
+    assert "range(0, n_blocks * per)" in full    # only the listed blocks: empty ones never load
 
 
 def test_omni_errors(rng):
@@ -335,8 +396,9 @@ def test_omni_errors(rng):
     bm = stax.create_block_mask(causal, None, None, 16, 16)
     with pytest.raises(ValueError, match="Q_LEN=8, KV_LEN=8"):
         stax.omni_attention(q.to("cuda"), q.to("cuda"), q.to("cuda"), block_mask=bm)
-    with pytest.raises(stax.capture.GraphBreak, match="omni_attention"):
-        stax.compile(stax.omni_attention, fullgraph=True)(q, q, q)
+    with pytest.raises(stax.capture.GraphBreak, match="TRITON_DECODE"):
+        stax.compile(stax.omni_attention, fullgraph=True)(q.to("cuda"), q.to("cuda"), q.to("cuda"),
+                                                          kernel_options={"BACKEND": "TRITON_DECODE"})
 
 
 # ---- the pattern rewrite: hand-written attention becomes one template kernel ----
@@ -470,6 +532,93 @@ def test_backward_kernels_match_float64(rng, dtype, b, h, hk, m, n, d, causal):
                 assert_close(g.cpu().float(), r, stax.float32, rtol=5e-2, atol=5e-2)
 
 
+def ref_mod_grads(q, k, v, do, f=None, fprime=None, keep=None):
+    """dQ, dK, dV of softmax(mask(f(q kᵀ/√d))) v in float64, f' in closed form (grouped heads summed)."""
+    h, hk = q.shape[1], k.shape[1]
+    kk, vv = (np.repeat(x, h // hk, axis=1) for x in (k, v))
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(kk, -1, -2) * scale
+    grids = np.ix_(*(np.arange(n) for n in s.shape))
+    s2 = f(s, *grids) if f is not None else s
+    if keep is not None:
+        s2 = np.where(keep(*grids), s2, -np.inf)
+    p = np.exp(s2 - s2.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = do @ np.swapaxes(vv, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * (fprime(s, *grids) if fprime is not None else 1.0)
+    fold = lambda x: x.reshape(x.shape[0], hk, h // hk, *x.shape[2:]).sum(2)   # noqa: E731
+    return ds @ kk * scale, fold(np.swapaxes(ds, -1, -2) @ q * scale), fold(np.swapaxes(p, -1, -2) @ do)
+
+
+def relative(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx).to(stax.float32) * 0.1
+
+
+MODS = {   # score_mod, f and f' on numpy grids (closed forms)
+    "alibi": (alibi, REF_ALIBI, lambda s, b, h, i, j: np.ones_like(s)),
+    "softcap": (softcap, lambda s, b, h, i, j: 20 * np.tanh(s / 20), lambda s, b, h, i, j: 1 - np.tanh(s / 20) ** 2),
+    "relative": (relative, lambda s, b, h, i, j: s + (i - j) * 0.1, lambda s, b, h, i, j: np.ones_like(s)),
+    "squared": (lambda s, b, h, i, j: s * s * 0.5 + s, lambda s, b, h, i, j: s * s * 0.5 + s,
+                lambda s, b, h, i, j: s + 1),
+}
+
+
+def test_mod_reference_gradient_matches_finite_differences(rng):
+    """The closed-form reference itself, against central differences of the float64 forward."""
+    q, k, v, do = (rng.standard_normal((1, 2, 5, 4)) for _ in range(4))
+    _, f, fp = MODS["softcap"]
+    keep = lambda b, h, i, j: i >= j                    # noqa: E731
+    dq = ref_mod_grads(q, k, v, do, lambda s, *g: f(s * 8, *g), lambda s, *g: fp(s * 8, *g) * 8, keep)[0]
+    fd = np.zeros_like(q)
+    for idx in np.ndindex(q.shape):
+        for sign in (1, -1):
+            qq = q.copy()
+            qq[idx] += sign * 1e-6
+            s = qq @ np.swapaxes(k, -1, -2) / 2 * 8
+            s = np.where(np.tril(np.ones((5, 5), bool)), 20 * np.tanh(s / 20), -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            fd[idx] += sign * ((p / p.sum(-1, keepdims=True)) @ v * do).sum() / 2e-6
+    np.testing.assert_allclose(dq, fd, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mod,masked,b,h,hk,m,n,d", [
+    ("alibi", True, 1, 2, 2, 37, 45, 16),
+    ("softcap", False, 2, 4, 2, 70, 70, 16),
+    ("relative", True, 1, 2, 1, 1, 33, 64),
+    ("squared", False, 1, 1, 1, 65, 7, 16),
+])
+def test_backward_with_a_score_mod_matches_float64(rng, mod, masked, b, h, hk, m, n, d):
+    """dS = P (dP - delta) ⊙ ∂score_mod/∂score, the derivative traced through Stax's autograd and
+    printed into both backward kernels (cuda), or run eagerly on float64 scores (CPU)."""
+    score_mod, f, fprime = MODS[mod]
+    q, do = randn(rng, (b, h, m, d)), randn(rng, (b, h, m, d))
+    k, v = randn(rng, (b, hk, n, d)), randn(rng, (b, hk, n, d))
+    keep = (lambda b_, h_, i, j: (i >= j - 3) & (i - j < 20 * (h_ + 1))) if masked else None
+    refs = ref_mod_grads(*(host(t) for t in (q, k, v, do)), f, fprime, keep)
+    for dev in ("cuda", "cpu"):
+        bm = None
+        if masked:
+            bm = stax.create_block_mask(lambda b_, h_, i, j: (i >= j - 3) & (i - j < 20 * (h_ + 1)),
+                                        None, h, m, n, device=dev, BLOCK_SIZE=16)
+        args = [t.to(dev) for t in (q, k, v)]
+        out, lse = stax.omni_attention(*args, score_mod=score_mod, block_mask=bm, enable_gqa=True, return_lse=True)
+        grads = stax.attention_backward(do.to(dev), *args, out, lse, enable_gqa=True, score_mod=score_mod,
+                                        block_mask=bm)
+        for g, r in zip(grads, refs):
+            assert g.device == dev and tuple(g.shape) == r.shape
+            assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
+
+
+def test_backward_of_an_untraceable_score_mod_is_an_error(rng):
+    q = randn(rng, (1, 1, 8, 16))
+    floor_mod = lambda s, b, h, i, j: s // 0.5                   # noqa: E731 (floordiv has no derivative)
+    out, lse = stax.omni_attention(q, q, q, score_mod=floor_mod, return_lse=True)
+    for dev in ("cpu", "cuda"):
+        x = q.to(dev)
+        with pytest.raises(NotImplementedError, match="derivative of score_mod cannot be traced"):
+            stax.attention_backward(x, x, x, x, out.to(dev), lse.to(dev), score_mod=floor_mod)
+
+
 # ---- the decode template: the keys split, the splits' triples merged ----
 
 
@@ -574,7 +723,9 @@ def test_nan_and_inf_inputs_match_eager(rng):
     f = stax.compile(lambda q, k, v: stax.scaled_dot_product_attention(q, k, v, is_causal=True))
     gpu = host(f(q.to("cuda"), k.to("cuda"), v.to("cuda")))
     cpu, _ = stax.attention_forward(q, k, v, is_causal=True, kernel_options={"BACKEND": "CPP"})
-    for got in (gpu, host(cpu)):
+    bm = stax.create_block_mask(causal, None, None, 20, 33, BLOCK_SIZE=16)
+    compiled_cpu = stax.compile(lambda q, k, v: stax.omni_attention(q, k, v, block_mask=bm))(q, k, v)
+    for got in (gpu, host(cpu), host(compiled_cpu)):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(eager))
         assert_close(got, eager, stax.float32)
     assert np.isnan(eager[0, 0, 3]).all() and not np.isnan(eager[0, 0, 4]).any()
