@@ -173,7 +173,8 @@ def test_tf32_copies_operands_that_are_not_k_major(monkeypatch):
             args = [stax.randn(*s) for s in shapes]
             (out,), gen = compiled(fn, *args)
             assert kinds(gen)[0] == "triton_poi_fused", list(gen.kernels)
-            assert_close(out.cpu().double(), fn(*[x.double() for x in args]), stax.bfloat16)
+            k = shapes[0][-2] if len(shapes[0]) == 3 else shapes[0][-1]      # TF32 (2^-11 a product) grows as √K
+            assert_close(out.cpu().double(), fn(*[x.double() for x in args]), stax.bfloat16, atol=5e-3 * k ** 0.5)
     finally:
         stax.set_float32_matmul_precision("highest")
     gen = stax.generate(cases["row_major_b"][0], *[stax.randn(*s) for s in big], device="cuda")
