@@ -47,6 +47,11 @@ def _contiguous_along(e, r) -> bool:
                and int(m.args[2]) >= 32 and e.coeff(m) == 1 for m in e.atoms(ModularIndexing))
 
 
+def _multi_pass(k) -> bool:
+    """Does the group pass over its row more than once (softmax, layer_norm)?"""
+    return len([p for p in phases(k.group) if p[0] == "loop"]) > 1
+
+
 def _reduction_form(k) -> tuple:
     """§9.4: ('per', R0_BLOCK) for a short row, else ('red', None); plus the ReductionHint."""
     rnumel = k.raxis.numel
@@ -58,7 +63,7 @@ def _reduction_form(k) -> tuple:
         if hi is not None and hi <= limit:
             return "per", next_pow2(hi), hint
         return _dynamic_row_forms(k, rnumel, inner, limit, hint)
-    if inner and int(rnumel) > limit and len([p for p in phases(k.group) if p[0] == "loop"]) > 1:
+    if inner and int(rnumel) > limit and _multi_pass(k):
         # Stax's addition to the chapter's rule: a multi-pass row (softmax, layer_norm) up to
         # MULTI_PASS_PERSISTENT_LIMIT gets both forms, and the launch measures which is faster
         # (async_compile.multi_kernel). Neither wins everywhere on the H200 (bench/RESULTS.md):
@@ -82,8 +87,7 @@ def _dynamic_row_forms(k, rnumel, inner: bool, limit: int, hint: str) -> tuple:
     every call whose row fits R0_BLOCK, the looped one every longer row; the launch dispatches on
     r0_numel (`MultiKernel`), so one artifact still serves every size."""
     at_hint = sympy.sympify(rnumel).subs(k.sched.lowered.hints)
-    multi_pass = len([p for p in phases(k.group) if p[0] == "loop"]) > 1
-    bound = MULTI_PASS_PERSISTENT_LIMIT if multi_pass else limit
+    bound = MULTI_PASS_PERSISTENT_LIMIT if _multi_pass(k) else limit
     if not (inner and at_hint.is_Integer and 1 <= int(at_hint) <= bound):
         return "red", None, hint
     k.other_form = "red" if k.force_form is None else None
