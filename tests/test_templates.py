@@ -138,7 +138,9 @@ def test_float32_matmul_precision():
             stax.set_float32_matmul_precision(p)
             out = f(a, b)
             assert 'input_precision="tf32"' in str(f.last_generated) and "out_dtype=tl.float32" in str(f.last_generated)
-            assert_close(out.cpu().double(), a.cpu().double() @ b.cpu().double(), stax.bfloat16)
+            # TF32 rounds each operand to 10 bits: an error of 2^-11 a product, growing as √K
+            assert_close(out.cpu().double(), a.cpu().double() @ b.cpu().double(), stax.bfloat16,
+                         atol=5e-3 * 16 ** 0.5)
         with pytest.raises(ValueError, match="highest"):
             stax.set_float32_matmul_precision("low")
     finally:
