@@ -28,7 +28,7 @@ from typing import Callable
 
 import sympy
 
-from .dtypes import bfloat16, bool_, float16, float32, int64
+from .dtypes import bfloat16, bool_, float16, float32, int32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
@@ -412,14 +412,16 @@ def _single_element_reduction(node, src: Value, kept) -> Value:
     return Value(tuple(node.meta.shape), out_dtype, body, cost=1 + src.cost)
 
 
-def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) -> list:
+def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False, index_dtype=int64) -> list:
     """Alg. 6.1: reduce each row in `splits` pieces (a monoid lets us), then reduce the pieces.
 
     Returns [first, second]; the first reduction has ranges + [splits] outputs, each reducing a
     contiguous piece of ceil(R / splits) elements of the flattened reduction space (padded with the
     identity beyond R); the second reduces the `splits` partials of each row. With `outer` (a
     reduction that reads across rows, §9.4's OUTER) the partials are [splits] + ranges instead: the
-    output dims stay innermost, so both kernels read and write them contiguously.
+    output dims stay innermost, so both kernels read and write them contiguously. `index_dtype`
+    is the type of the piece's bound check (int32 where every size is known or guarded < 2^31:
+    per element, an int64 compare costs a dynamic kernel 20% on a small column sum).
     """
     rnumel = sympy.prod(red.reduction_ranges)
     # ceil(R / splits); for a symbolic R (§10.3) a run-time floor division
@@ -441,7 +443,7 @@ def split_reduction(red: Reduction, splits: int, new_name, outer: bool = False) 
         flat = s * piece + rindex[0]
         if piece * splits == rnumel:
             return inner(x, unflatten(flat))
-        in_range = ops.lt(ops.index_expr(flat, int64), ops.index_expr(rnumel, int64))
+        in_range = ops.lt(ops.index_expr(flat, index_dtype), ops.index_expr(rnumel, index_dtype))
         return ops.masked(in_range, lambda: inner(x, unflatten(flat)),
                           ops.constant(ident, red.src_dtype))
 
@@ -909,7 +911,10 @@ def _apply_split_policy(lowered: LoweredGraph, split_policy, new_name, outer_spl
                 numel_out, numel_red = sympy.sympify(numel_out).subs(hints), sympy.sympify(numel_red).subs(hints)
             splits = (outer_split_policy if outer else split_policy)(numel_out, numel_red)
             if splits > 1:
-                out.extend(split_reduction(buf, splits, new_name, outer=outer))
+                total = sympy.sympify(sympy.prod(buf.ranges) * sympy.prod(buf.reduction_ranges))
+                small = lowered.index32 or (total.is_Integer and int(total) < 2 ** 31)
+                out.extend(split_reduction(buf, splits, new_name, outer=outer,
+                                           index_dtype=int32 if small else int64))
                 continue
         out.append(buf)
     lowered.buffers = out
