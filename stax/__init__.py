@@ -578,12 +578,16 @@ class CompiledFunction:
 
     def _call_training(self, args, kwargs):
         """§5: inputs require grad: the joint graph's forward artifact, its results wired into
-        autograd (aot_autograd.py). Static sizes; the key also holds which inputs require grad."""
+        autograd (aot_autograd.py). The key also holds which inputs require grad; dynamic and
+        automatic dynamic mode look the entry up as inference does (§10.4, aot_dynamic.py)."""
         from . import aot_autograd
         lifted, alias = [], _capture.call_aliasing(args, kwargs)
-        grads = tuple(t.requires_grad for t in _capture.input_tensors(args, kwargs))
-        key = ("requires_grad", grads) + self._key(args, kwargs, lifted, alias)
-        entry = self.artifacts.get(key, _MISS)
+        train = ("requires_grad", tuple(t.requires_grad for t in _capture.input_tensors(args, kwargs)))
+        if self.dynamic is False or alias is not None:
+            key = train + self._key(args, kwargs, lifted, alias)
+            entry = self.artifacts.get(key, _MISS)
+        else:
+            entry, lifted = self._lookup_dynamic(args, kwargs, train)
         if entry is _MISS:
             with self._lock:
                 entry = self.artifacts.get(key, _MISS)
@@ -599,11 +603,12 @@ class CompiledFunction:
         consts = list(entry.consts)
         for pos, k in getattr(entry, "lifts", ()):
             consts[pos] = lifted[k]
-        return aot_autograd.run(entry, args, kwargs, consts)
+        return aot_autograd.run(entry, args, kwargs, consts, dynamic_inputs(args, kwargs) if entry.dyn else None)
 
-    def _build_training(self, key, args, kwargs, lifted, name):
-        """Capture the joint graph, partition it, compile the forward (None: run eagerly)."""
-        from . import aot_autograd, runtime
+    def _build_training(self, key, args, kwargs, lifted, name, dynamic=None):
+        """Capture the joint graph, partition it, compile the forward (None: run eagerly).
+        `dynamic`: (ShapeEnv, dims, sized ints): shape-polymorphic (aot_dynamic), with `.guard`."""
+        from . import aot_autograd, aot_dynamic, runtime
         from .capture import GraphBreak
         why = "inputs that share memory" if _capture.call_aliasing(args, kwargs) is not None else \
             "a tensor it reads from a global, closure or attribute requires grad" if _needs_grad(lifted) else None
@@ -613,8 +618,9 @@ class CompiledFunction:
             return None
         t0 = time.perf_counter()
         try:
-            entry = aot_autograd.build(self.fn, args, kwargs, _device_of(args), name, _compile_graph,
-                                       lambda m: runtime.load_module(m, mode=None, options=self.options), _log)
+            how = (self.fn, args, kwargs, _device_of(args), name, _compile_graph,
+                   lambda m: runtime.load_module(m, mode=None, options=self.options), _log)
+            entry = aot_autograd.build(*how) if dynamic is None else aot_dynamic.build(*how, *dynamic)
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
@@ -667,16 +673,17 @@ class CompiledFunction:
 
     # ---- §10.4 dynamic mode: a rank key, several guarded artifacts under it ----
 
-    def _lookup_dynamic(self, args, kwargs):
-        """(entry, lifted) for a call in dynamic (or automatic) mode, compiling on a miss."""
+    def _lookup_dynamic(self, args, kwargs, train=()):
+        """(entry, lifted) for a call in dynamic (or automatic) mode, compiling on a miss.
+        `train`: the requires-grad part of a training call's keys (§5)."""
         lifted = []
         if self.dynamic is None:                # automatic: an exact static artifact first
-            key = self._key(args, kwargs, lifted, None)
+            key = train + self._key(args, kwargs, lifted, None)
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, lifted
             lifted.clear()                      # (the rank key lists the same reads again)
-        rkey = self._key(args, kwargs, lifted, None, rank_key_of)
+        rkey = train + self._key(args, kwargs, lifted, None, rank_key_of)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
             inputs = inputs if inputs is not None else dynamic_inputs(args, kwargs)
@@ -684,22 +691,22 @@ class CompiledFunction:
                 return entry, lifted
         with self._lock:
             lifted.clear()
-            return self._compile_dynamic(args, kwargs, lifted), lifted
+            return self._compile_dynamic(args, kwargs, lifted, train), lifted
 
-    def _compile_dynamic(self, args, kwargs, lifted):
+    def _compile_dynamic(self, args, kwargs, lifted, train=()):
         """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
         self._reread()
-        rkey = self._key(args, kwargs, lifted, None, rank_key_of)
+        rkey = train + self._key(args, kwargs, lifted, None, rank_key_of)
         inputs = dynamic_inputs(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
-        key = self._key(args, kwargs, [], None)             # this call's static key
+        key = train + self._key(args, kwargs, [], None)     # this call's static key
         dims = None
         if self.dynamic is None:
             if key in self.artifacts:                       # another thread compiled it static
                 return self.artifacts[key]
-            dims = self._auto_dims(self._key(args, kwargs, [], None, family_key_of), inputs)
+            dims = self._auto_dims(train + self._key(args, kwargs, [], None, family_key_of), inputs)
             if dims is None:            # the first call of its family (or no size changed): static
                 return self._compile(key, args, kwargs, lifted)[0]
         name = getattr(self.fn, "__name__", "fn")
@@ -714,7 +721,7 @@ class CompiledFunction:
         self.last_key = key
         sized = sized_ints(args, kwargs)
         dims = dynamic_dims(args, kwargs, dims, len(sized))
-        guard, entry = self._build_dynamic(args, kwargs, lifted, name, dims, inputs, sized)
+        guard, entry = self._build_dynamic(args, kwargs, lifted, name, dims, inputs, sized, train)
         if admit == "store":
             self.guarded.setdefault(rkey, []).append((guard, entry))
         return entry
@@ -732,11 +739,14 @@ class CompiledFunction:
             dims[p] = sorted((set(dims.get(p, ())) | changed | set(getattr(t, "_stax_dynamic", ()))) - static)
         return dims if builtins.any(dims.values()) else None
 
-    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs, sized):
+    def _build_dynamic(self, args, kwargs, lifted, name, dims, inputs, sized, train=()):
         """Capture with symbolic sizes, compile, and build the guard function (§10.4)."""
         from . import dynshape, runtime
         t0 = time.perf_counter()
         env = dynshape.ShapeEnv(padding=self.options.get("shape_padding"))     # Prop. 10.3 buckets
+        if train:                               # §5: a shape-polymorphic forward/backward pair
+            entry = self._build_training(None, args, kwargs, lifted, name, (env, dims, sized))
+            return getattr(entry, "guard", lambda inputs: True), entry
         captured = self._capture(name, args, kwargs, shape_env=env, dynamic_dims=dims, sized_ints=sized,
                                  scalar_args=self._scalar_args(args, kwargs))
         if captured is None:
@@ -855,6 +865,8 @@ class CompiledFunction:
 
     def _build(self, key, args, kwargs, lifted, name):
         """Capture, compile and load one specialization: its artifact entry (None: run eagerly)."""
+        if key[:1] == ("requires_grad",):       # automatic dynamic's first training call (§5)
+            return self._build_training(key, args, kwargs, lifted, name)
         t0 = time.perf_counter()
         captured = self._capture(name, args, kwargs, scalar_args=self._scalar_args(args, kwargs))
         if captured is None:

@@ -15,8 +15,9 @@ autograd graph continues through eager ops before and after the compiled region.
 As in eager autograd: a saved input changed in place before the backward makes it raise; without
 `retain_graph=True` a second backward raises, and the saved tensors are released after the first;
 an output with no gradient gets zeros; `create_graph=True` raises (the backward has no history).
-Sizes are static: a training call compiles one specialization per input layout (the key also holds
-which inputs require grad), whatever `dynamic=` says.
+With dynamic=False a training call compiles one specialization per input layout (the key also
+holds which inputs require grad); dynamic=True and automatic dynamic make one shape-polymorphic
+pair of artifacts (aot_dynamic.py, §10.4), `dyn` on the entry.
 
 Where to look: `build` (joint graph -> partition -> forward artifact), `CompiledNode.apply` (the
 backward), `run`, `generate` (both graphs' code, for stax.generate).
@@ -49,11 +50,14 @@ class TrainingEntry:
     gen_backward: object = None
     backward: object = None     # call(args) of the backward artifact, once compiled
     stats: dict = field(default_factory=lambda: {"backward_compiles": 0})
+    dyn: object = None          # §10.4: aot_dynamic.Sizes (symbolic sizes), or None (static)
 
-    def backward_call(self, saved):
+    def backward_call(self, saved, args=None):
         """The backward artifact, compiled (or read from the artifact cache) on first use. Its
         saved placeholders take the layouts the forward artifact returned (a saved view comes
-        back as its own dense buffer)."""
+        back as its own dense buffer). Dynamic (§10.4): the guarded one that takes `args`."""
+        if self.dyn is not None:
+            return self.dyn.backward_call(self, args)
         if self.backward is None:
             for ph, t in zip(self.part.backward.inputs, saved):
                 ph.meta = Meta(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, 0)
@@ -81,6 +85,8 @@ def build(fn, args, kwargs, device, name, compile_graph, load, log) -> TrainingE
 class CompiledNode(GradNode):
     """The autograd node behind a compiled call's differentiable results (PyTorch's
     CompiledFunctionBackward): output k's gradient is tangent k of the backward graph."""
+    sizes: tuple = ()           # §10.4: this call's sizes the backward reads (carriers), after the tangents
+    tangent_metas = None        # §10.4: this call's layouts of the tangents (else the backward graph's)
 
     def __init__(self, entry, saved, wrt_inputs):
         self.op, self.params, self.inputs, self.out = "compiled", {}, [], None
@@ -106,8 +112,8 @@ class CompiledNode(GradNode):
 
     def _tangents(self, grads):
         out = []
-        for g, ph in zip(grads, self.entry.part.backward.inputs[len(self.entry.part.saved):]):
-            m = ph.meta
+        metas = self.tangent_metas or [ph.meta for ph in self.entry.part.backward.inputs[len(self.entry.part.saved):]]
+        for g, m in zip(grads, metas):
             if g is None:               # an output the loss does not use: its gradient is zero
                 g = zeros(*m.shape, dtype=m.dtype, device=m.device)
             if g.dtype is not m.dtype:
@@ -121,14 +127,15 @@ class CompiledNode(GradNode):
         """The inputs' gradients: the backward artifact on the saved tensors and the tangents."""
         grads = grads if self.n_outputs > 1 else [grads]
         with autograd.no_grad():
-            tangents = self._tangents(grads)
-            outs = self.entry.backward_call(self.saved)(list(self.saved) + tangents)
+            args = list(self.saved) + self._tangents(grads) + list(self.sizes)
+            outs = self.entry.backward_call(self.saved, args)(args)
         return [None if slot is None else outs[slot] for slot in self.entry.part.grad_slot]
 
 
-def run(entry: TrainingEntry, args, kwargs, consts):
-    """One compiled training call: the forward artifact, then the results wired into autograd."""
-    inputs = input_tensors(args, kwargs)
+def run(entry: TrainingEntry, args, kwargs, consts, inputs=None):
+    """One compiled training call: the forward artifact, then the results wired into autograd.
+    `inputs`: the call's tensors (dynamic: then the carriers of its int arguments)."""
+    inputs = input_tensors(args, kwargs) if inputs is None else inputs
     part, joint = entry.part, entry.joint
     with autograd.no_grad():
         outs = entry.forward(list(inputs) + list(consts))
@@ -141,6 +148,8 @@ def run(entry: TrainingEntry, args, kwargs, consts):
         for nr, k in enumerate(joint.diff):
             t = user[k]
             t.requires_grad, t._grad_fn, t._output_nr = True, node, nr
+        if entry.dyn is not None:
+            entry.dyn.attach(node, inputs, [user[k] for k in joint.diff])
     # outputs that are inputs or views of them are rebuilt from the inputs, under autograd
     return unflatten(joint.spec, iter(user), inputs)
 

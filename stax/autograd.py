@@ -398,7 +398,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 def _sum_to(g, shape):
     """Sum a broadcast gradient back to `shape` (leading dims, then dims that were 1)."""
     shape = tuple(shape)
-    if tuple(g.shape) == shape:
+    if g.ndim == len(shape) and tuple(g.shape) == shape:     # (ranks first: no guard s0 == 6, §10.4)
         return g
     lead = g.ndim - len(shape)
     dims = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1)

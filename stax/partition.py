@@ -33,7 +33,7 @@ from .capture import (Graph, GraphBreak, Node, Tracer, _contiguous_strides, _dro
                       _input_alias, _input_proxies, _map_tensors, _print_breaks_graph, _reject_ndarrays,
                       input_tensors)
 from .op_table import OPS
-from .tensor import VIEW_OPS, Meta, set_tracer
+from .tensor import VIEW_OPS, Meta, Tensor, set_tracer
 
 _INF = float("inf")
 
@@ -61,7 +61,22 @@ def _needs_copy(t) -> bool:
     return node.op in ("placeholder", "constant")
 
 
-def _run_joint(fn, tracer, real, args, kwargs):
+def _tangent(tracer, leaf, source):
+    """The placeholder of a differentiable output's gradient: the output's (symbolic) sizes,
+    contiguous; in dynamic mode it makes no symbols of its own (§10.4: the forward's bind it)."""
+    if tracer.shape_env is None:
+        return tracer.placeholder(Meta(tuple(leaf.shape), _contiguous_strides(leaf.shape), leaf.dtype,
+                                       leaf.device, 0), source)
+    from .dynshape import to_sympy
+    shape = to_sympy(tuple(leaf.shape))
+    node = Node(f"arg{len(tracer.graph.inputs)}_1", "placeholder", [], {},
+                Meta(shape, _contiguous_strides(shape), leaf.dtype, leaf.device, 0))
+    tracer.graph.inputs.append(node)
+    tracer.sources[node] = source
+    return Tensor._proxy(tracer._proxy_meta(node.meta), node)
+
+
+def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
     """Run `fn` on proxies taking part in autograd, then the backward from tangent placeholders."""
     proxies = _input_proxies(tracer, real, None)
     for p, t in zip(proxies, real):
@@ -69,14 +84,14 @@ def _run_joint(fn, tracer, real, args, kwargs):
     made = iter(proxies)
     pargs = _map_tensors(list(args), lambda t: next(made))
     kw = dict(zip(sorted(kwargs), _map_tensors([kwargs[k] for k in sorted(kwargs)], lambda t: next(made))))
+    for where, _ in sized_ints:             # §10.4: an int argument is its carrier's size (a SymInt)
+        (kw if isinstance(where, str) else pargs)[where] = next(made).shape[0]
     result = fn(*pargs, **kw)
     leaves = []
     spec = _flatten(result, leaves, lambda t: _input_alias(t, tracer) if t._node is not None else None)
     outs = [tracer._node_of(x) for x in leaves]
     diff = [k for k, x in enumerate(leaves) if x.requires_grad and x.dtype.is_floating_point]
-    tangents = [tracer.placeholder(Meta(tuple(leaves[k].shape), _contiguous_strides(leaves[k].shape),
-                                        leaves[k].dtype, leaves[k].device, 0), len(real) + j)
-                for j, k in enumerate(diff)]
+    tangents = [_tangent(tracer, leaves[k], len(real) + j) for j, k in enumerate(diff)]
     wrt = [p for p, t in enumerate(real) if t.requires_grad]
     grads = [None] * len(wrt)
     if diff:
@@ -95,20 +110,25 @@ def _run_joint(fn, tracer, real, args, kwargs):
     return spec, outs, diff, [t._node for t in tangents], wrt, nodes
 
 
-def capture_joint(fn, args: list, kwargs: dict | None = None) -> Joint:
-    """§5: the joint forward+backward graph of `fn` on these inputs (static sizes). Raises
-    capture.GraphBreak where capture would (data-dependent control flow, print)."""
+def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
+                  sized_ints=()) -> Joint:
+    """§5: the joint forward+backward graph of `fn` on these inputs. Raises capture.GraphBreak
+    where capture would (data-dependent control flow, print). With a `shape_env` (§10.4) sizes
+    are symbols, as capture.capture makes them (`dynamic_dims`, `sized_ints`: the int arguments'
+    carriers, placed after the call's tensors), and the backward computes with the same symbols."""
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
-    tracer = Tracer()
-    real = input_tensors(args, kwargs)
+    tracer = Tracer(shape_env, dynamic_dims)
+    real = input_tensors(args, kwargs) + [c for _, c in sized_ints]
     prev = set_tracer(tracer)
     try:
         with _print_breaks_graph(tracer), autograd.enable_grad():
-            spec, outs, diff, tangents, wrt, grads = _run_joint(fn, tracer, real, args, kwargs)
+            spec, outs, diff, tangents, wrt, grads = _run_joint(fn, tracer, real, args, kwargs, sized_ints)
     finally:
         set_tracer(prev)
     g = tracer.graph
+    if shape_env is not None:
+        _keep_sizes(g, shape_env)
     g.outputs = outs + [n for n in grads if n is not None]
     _drop_dead_nodes(g)
     primals = [n for n in g.inputs if n.op == "placeholder" and n not in tangents]
@@ -117,6 +137,15 @@ def capture_joint(fn, args: list, kwargs: dict | None = None) -> Joint:
     for k, n in enumerate(tangents):
         n.name = f"tangents_{k + 1}"
     return Joint(g, spec, len(outs), primals, tangents, diff, wrt, grads)
+
+
+def _keep_sizes(g, env):
+    """What lowering reads of the shape environment (as capture.capture keeps it on its graph)."""
+    if env.unbacked:
+        raise GraphBreak("a data-dependent size in compiled training (§10.5)")
+    g.checks = list(env.checks)
+    g.bounds = {s: hi for s, (lo, hi) in env.ranges.items() if hi is not None}
+    g.hints = dict(env.hints)
 
 
 # ---- §5 The min-cut ----
@@ -131,10 +160,11 @@ def recomputable(node) -> bool:
     return d.kind in ("unary", "binary", "pointwise", "view", "scatter", "factory")
 
 
-def nbytes(node) -> int:
+def nbytes(node, hints=None) -> int:
+    """A node's output size in bytes; a symbolic size (§10.4) counts at its hint (the example's)."""
     n = 1
     for s in node.meta.shape:
-        n *= int(s)
+        n *= int(s) if hints is None or not getattr(s, "free_symbols", None) else int(s.subs(hints))
     return n * node.meta.dtype.itemsize
 
 
@@ -220,9 +250,9 @@ def min_cut(joint: Joint) -> list:
             net.edge((n, "in"), "sink", _INF)
         elif n.op in ("placeholder", "constant"):   # free to save: the caller holds it anyway
             net.edge("source", (n, "in"), _INF)
-            net.edge((n, "in"), (n, "out"), nbytes(n) if n in mutated else 0)
+            net.edge((n, "in"), (n, "out"), nbytes(n, g.hints) if n in mutated else 0)
         else:
-            net.edge((n, "in"), (n, "out"), nbytes(n))
+            net.edge((n, "in"), (n, "out"), nbytes(n, g.hints))
             if not recomputable(n) and n in fw:
                 net.edge("source", (n, "in"), _INF)
         for a in _node_inputs(n):
@@ -244,13 +274,14 @@ class Partition:
     saved_from: list        # per saved node: ("input", position) / ("constant", name) / ("output", k)
     n_out: int              # forward.outputs[:n_out] are the function's outputs
     grad_slot: list = field(default_factory=list)   # per `wrt` input: its backward output, or None
+    hints: dict = field(default_factory=dict)       # §10.4: size symbol -> the example's size
 
     def format(self) -> str:
         """STAX_LOGS=partition: the forward graph, the saved values with their sizes, the backward."""
-        saved = [f"  {n.name}: {n.meta.dtype.name}[{', '.join(map(str, n.meta.shape))}] {nbytes(n)} bytes"
+        saved = [f"  {n.name}: {n.meta.dtype.name}[{', '.join(map(str, n.meta.shape))}] {nbytes(n, self.hints)} bytes"
                  + (" (an input: free to save)" if where[0] != "output" else "")
                  for n, where in zip(self.saved, self.saved_from)]
-        total = sum(nbytes(n) for n, w in zip(self.saved, self.saved_from) if w[0] == "output")
+        total = sum(nbytes(n, self.hints) for n, w in zip(self.saved, self.saved_from) if w[0] == "output")
         return ("forward graph:\n" + self.forward.format() +
                 f"\n\nsaved for backward ({len(self.saved)} values, {total} bytes beyond the inputs):\n" +
                 ("\n".join(saved) or "  (nothing)") + "\n\nbackward graph:\n" + self.backward.format())
@@ -317,7 +348,7 @@ def partition(joint: Joint) -> Partition:
     for n in joint.grads:
         slots.append(None if n is None else k)
         k += n is not None
-    return Partition(fwd, bwd, saved, saved_from, joint.n_out, slots)
+    return Partition(fwd, bwd, saved, saved_from, joint.n_out, slots, joint.graph.hints)
 
 
 __all__ = ["Joint", "Partition", "capture_joint", "partition", "min_cut", "recomputable", "GraphBreak"]

@@ -87,7 +87,13 @@ def sized_ints(args, kwargs) -> list:
     out = [(i, a) for i, a in enumerate(args) if a.__class__ is builtins.int and a >= 2]
     if kwargs:
         out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.int and kwargs[k] >= 2]
-    return [(where, Tensor._make(CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))) for where, n in out]
+    return [(where, carrier(n)) for where, n in out]
+
+
+def carrier(n: int) -> Tensor:
+    """A size as a tensor input: stride 0, length `n`, no memory of its own (§10.4; compiled
+    training saves the sizes its backward needs this way, aot_dynamic.py)."""
+    return Tensor._make(CARRIER_STORAGE, Meta((n,), (0,), _bool, "cpu", 0))
 
 
 def floats_of(args, kwargs) -> list:
