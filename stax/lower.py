@@ -330,8 +330,8 @@ def _lower_scatter(node, base: Value, src: Value) -> Value:
     """
     p, d = node.params, node.params["dim"]
 
-    def const(v):
-        return ops.constant(v, int64)
+    def const(v):       # a bound over size symbols (a slice to s0 - 1, §10.4) is an index expression
+        return ops.index_expr(v, int64) if getattr(v, "free_symbols", None) else ops.constant(v, int64)
 
     def body(idx):
         i = idx[d]
