@@ -433,11 +433,13 @@ class CompiledFunction:
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
-    def _key(self, args, kwargs, lifted, alias, key_of=key_of):
-        key = tuple([key_of(a) for a in args])
+    def _key(self, args, kwargs, lifted, alias, key_of=key_of, train=()):
+        """The key of a call; `train` (§5: which inputs require grad) leads a training call's key,
+        whose floats are keyed by value (the joint graph bakes them in)."""
+        key = train + tuple([key_of(a) for a in args])
         if kwargs:
             key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
-        if self.scalars:                        # run-time floats: any value (§10.4)
+        if self.scalars and not train:          # run-time floats: any value (§10.4)
             key = self._scalar_key(key, args, kwargs)
         if self.ndarrays:                       # which tensors are ndarray arguments (numpy_args.py)
             key += (("ndarrays",) + _capture.ndarray_marks(args, kwargs),)
@@ -584,7 +586,7 @@ class CompiledFunction:
         lifted, alias = [], _capture.call_aliasing(args, kwargs)
         train = ("requires_grad", tuple(t.requires_grad for t in _capture.input_tensors(args, kwargs)))
         if self.dynamic is False or alias is not None:
-            key = train + self._key(args, kwargs, lifted, alias)
+            key = self._key(args, kwargs, lifted, alias, train=train)
             entry = self.artifacts.get(key, _MISS)
         else:
             entry, lifted = self._lookup_dynamic(args, kwargs, train)
@@ -678,12 +680,12 @@ class CompiledFunction:
         `train`: the requires-grad part of a training call's keys (§5)."""
         lifted = []
         if self.dynamic is None:                # automatic: an exact static artifact first
-            key = train + self._key(args, kwargs, lifted, None)
+            key = self._key(args, kwargs, lifted, None, train=train)
             entry = self.artifacts.get(key, _MISS)
             if entry is not _MISS:
                 return entry, lifted
             lifted.clear()                      # (the rank key lists the same reads again)
-        rkey = train + self._key(args, kwargs, lifted, None, rank_key_of)
+        rkey = self._key(args, kwargs, lifted, None, rank_key_of, train)
         inputs = None
         for guard, entry in self.guarded.get(rkey, ()):
             inputs = inputs if inputs is not None else dynamic_inputs(args, kwargs)
@@ -696,17 +698,17 @@ class CompiledFunction:
     def _compile_dynamic(self, args, kwargs, lifted, train=()):
         """Under the lock: the entry for a call no artifact's guards accept (`lifted` filled)."""
         self._reread()
-        rkey = train + self._key(args, kwargs, lifted, None, rank_key_of)
+        rkey = self._key(args, kwargs, lifted, None, rank_key_of, train)
         inputs = dynamic_inputs(args, kwargs)
         for guard, entry in self.guarded.get(rkey, ()):     # another thread may have compiled it
             if guard(inputs):
                 return entry
-        key = train + self._key(args, kwargs, [], None)     # this call's static key
+        key = self._key(args, kwargs, [], None, train=train)    # this call's static key
         dims = None
         if self.dynamic is None:
             if key in self.artifacts:                       # another thread compiled it static
                 return self.artifacts[key]
-            dims = self._auto_dims(train + self._key(args, kwargs, [], None, family_key_of), inputs)
+            dims = self._auto_dims(self._key(args, kwargs, [], None, family_key_of, train), inputs)
             if dims is None:            # the first call of its family (or no size changed): static
                 return self._compile(key, args, kwargs, lifted)[0]
         name = getattr(self.fn, "__name__", "fn")

@@ -271,3 +271,19 @@ def test_a_write_through_a_slice_with_a_symbolic_end():
         want[1:-1] = 0
         np.testing.assert_array_equal(cf(x).numpy(), want)
     assert cf.stats["compiles"] == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_a_float_argument_of_a_training_call_is_keyed_by_value(rng, dynamic):
+    """Inference calls make a changing float a run-time scalar (§10.4); the joint graph bakes it
+    in, so a training call keys it by value (it once reused the artifact of another value)."""
+    cf = stax.compile(lambda x, a: (x * a).sum(), dynamic=dynamic)
+    x = _t(rng, 4)
+    cf(x, 0.5), cf(x, 0.7)
+    xs = x.detach().requires_grad_()
+    for a in (0.5, 2.0, -3.0):
+        xs.grad = None
+        loss = cf(xs, a)
+        loss.backward()
+        np.testing.assert_allclose(loss.item(), (x.numpy().astype(np.float64) * a).sum(), rtol=1e-5)
+        np.testing.assert_allclose(xs.grad.numpy(), np.full(4, a))
