@@ -842,6 +842,8 @@ class CompiledFunction:
         old = self.last_key
         if old == key:
             return f"the artifact for these inputs was not kept (past the recompile limit, {RECOMPILE_LIMIT})"
+        if old[:2] == key[:2] and old[:1] == ("requires_grad",):    # (§5: count the arguments from 0)
+            old, key = old[2:], key[2:]
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
             return _describe_read_change(self.reads, old[-1], key[-1]) or describe_change(old, key)
         return describe_change(old, key)
