@@ -287,3 +287,29 @@ def test_a_float_argument_of_a_training_call_is_keyed_by_value(rng, dynamic):
         loss.backward()
         np.testing.assert_allclose(loss.item(), (x.numpy().astype(np.float64) * a).sum(), rtol=1e-5)
         np.testing.assert_allclose(xs.grad.numpy(), np.full(4, a))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_half_and_non_contiguous_inputs_over_batch_sizes(rng, device):
+    """float16 parameters and transposed / stride-0 / strided inputs: one pair per layout, each
+    serving every size, gradients equal eager autograd."""
+    from conftest import assert_close
+
+    def fn(x, w):
+        return (stax.tanh(x @ w.float()) * x.sum(-1, keepdim=True)).mean()
+    cf = stax.compile(fn, dynamic=True)
+    w = _t(rng, 5, 3, device=device).to(stax.float16).requires_grad_()
+    layouts = {"t": lambda n: _t(rng, 5, n, device=device).t(), "expand": lambda n: _t(rng, 1, 5, device=device).expand(n, 5),
+               "slice": lambda n: _t(rng, n, 10, device=device)[:, ::2], "dense": lambda n: _t(rng, n, 5, device=device)}
+    for n in (4, 7, 11):
+        for make in layouts.values():
+            x = make(n).detach().requires_grad_()
+            got = []
+            for f in (cf, fn):
+                x.grad = w.grad = None
+                f(x, w).backward()
+                got.append((x.grad.cpu(), w.grad.cpu()))
+            assert got[0][1].dtype is stax.float16
+            assert_close(got[0][0], got[1][0], stax.float32)
+            assert_close(got[0][1], got[1][1], stax.float16)
+    assert cf.stats["compiles"] == len(layouts) and _backward_compiles(cf) == len(layouts), cf.stats
