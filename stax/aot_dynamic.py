@@ -13,8 +13,9 @@ min-cut splits it (weights at the hints), and
     artifact does, guarded by the ShapeEnv's guard function (STAX_LOGS=guards, `<fn>_forward`);
   - the sizes the backward reads are not baked in: each forward call saves them as symbolic
     values, one carrier (a stride-0 tensor whose length is the size, specialize.carrier) per
-    symbol the backward graph mentions, passed after the tangents; the backward binds them as
-    it binds any size (`s0 = size_s0.shape[0]`);
+    symbol the backward graph mentions, passed after the tangents (`size_s0`, ...); the backward
+    binds each symbol as any artifact does, from the first input dim that holds it (a saved
+    tensor's, else the carrier's), and its guard checks that the others agree;
   - the backward artifact is compiled on first use over the same symbols, with the layouts the
     forward returned written as expressions of them, and guarded by its own function
     (`<fn>_backward`: every symbol's range, each input's sizes and strides); one backward
