@@ -613,8 +613,11 @@ class CompiledFunction:
             return None
         t0 = time.perf_counter()
         try:
-            entry = aot_autograd.build(self.fn, args, kwargs, _device_of(args), name, _compile_graph,
-                                       lambda m: runtime.load_module(m, mode=None, options=self.options), _log)
+            dev = _device_of(args)
+            entry = aot_autograd.build(self.fn, args, kwargs, dev, name, _compile_graph,
+                                       lambda m: runtime.load_module(m, mode=None, options=self.options), _log,
+                                       None if self.mode != "reduce-overhead" else lambda c, g, gen, n, keep:
+                                       self._graphed(c, g, gen, n, dev, self.dynamic is True, keep))
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
@@ -622,9 +625,6 @@ class CompiledFunction:
             return None
         if self.strict_native:
             _check_native(entry.gen_forward, name)
-        if self.mode == "reduce-overhead":
-            _log("cudagraphs", name, "not replayed from a CUDA graph: the forward and backward artifacts "
-                 "of a training call (§5) run as compiled, without CUDA graphs")
         entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = entry.gen_forward
         self.stats["compiles"] += 1
@@ -881,12 +881,13 @@ class CompiledFunction:
         return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads],
                 [w for w, _ in self._scalar_args(args, kwargs)])
 
-    def _graphed(self, call, graph, gen, name, device, dynamic):
+    def _graphed(self, call, graph, gen, name, device, dynamic, keep_outputs=False):
         """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""
         if self.mode != "reduce-overhead":
             return call
         from . import cudagraph
-        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log)
+        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log,
+                              keep_outputs=keep_outputs)
 
 
 _EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")

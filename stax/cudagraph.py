@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
+import weakref
 from operator import is_ as _is
 
 from . import cuda
@@ -96,7 +97,7 @@ class GraphOutputArray:
     """The storage of a tensor a replay returned: the graph's own device array, usable until the
     next replay overwrites it. Every read (`ptr`, `host()`, the interpreter's `host_array`) and
     write (`upload`) checks the generation first."""
-    __slots__ = ("_array", "_cell", "_gen", "_name", "count", "dtype")
+    __slots__ = ("_array", "_cell", "_gen", "_name", "count", "dtype", "__weakref__")
 
     def __init__(self, array, cell: _Generation, name: str):
         self._array, self._cell, self._gen, self._name = array, cell, cell.value, name
@@ -124,6 +125,15 @@ class GraphOutputArray:
 
     def guards_intact(self) -> bool:
         return self._array.guards_intact()
+
+    def keep(self, driver) -> None:
+        """Move this output out of the graph's memory before a replay overwrites it: a copy of
+        its own (one device copy), read without a generation check from now on."""
+        array = self._live()
+        fresh = cuda.DeviceArray(array.count, array.dtype)
+        if array.count:
+            driver.copy(fresh.ptr, array.ptr, array.count * array.dtype.itemsize)
+        self._array, self._cell, self._gen = fresh, _Generation(), 0
 
 
 class GraphPool:
@@ -230,6 +240,17 @@ def static_reasons(graph, module) -> list:
     return reasons
 
 
+def graph_owned(tensors, graphed) -> bool:
+    """Whether any of `tensors` reads the memory that `graphed`'s next replay overwrites (an
+    output of its last replay; aot_autograd: a forward's saved tensors)."""
+    cell = graphed.cell
+    for t in tensors:
+        a = t._storage.data
+        if a.__class__ is GraphOutputArray and a._cell is cell and a._gen == cell.value:
+            return True
+    return False
+
+
 def mutated_positions(graph) -> frozenset:
     """The argument positions the artifact writes to (in-place updates of inputs): those are
     never copied into graph-owned buffers, since the write must reach the caller's tensor."""
@@ -264,7 +285,9 @@ class Recording:
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
         self.outs = outs
-        static = {id(t._storage) for i, t in enumerate(record_inputs) if i not in staged}
+        # a static input's storage -> the caller's (a replay output of another graph was recorded
+        # through its raw array: an output viewing it keeps the generation check)
+        static = {id(t._storage): a._storage for i, (t, a) in enumerate(zip(record_inputs, args)) if i not in staged}
         self.owned = []                    # graph-owned storages the outputs read
         self.plan = []                     # per output: (None, value) | (index in owned, meta)
         seen = {}
@@ -272,7 +295,7 @@ class Recording:
             if o.__class__ is not Tensor:
                 self.plan.append((None, o))
             elif id(o._storage) in static:  # a view of the caller's input, at its recorded address
-                self.plan.append((None, o))
+                self.plan.append((None, Tensor._make(static[id(o._storage)], o._meta)))
             else:
                 k = seen.setdefault(id(o._storage), len(self.owned))
                 if k == len(self.owned):
@@ -324,6 +347,10 @@ def record(call, args, staged_positions, pool, key):
                     array, nbytes, view = _stage(t, pool)
                     staged[i] = (array, nbytes)
                     t = view
+                elif t._storage.data.__class__ is GraphOutputArray:
+                    # another graph's output (a forward's saved tensor): the graph reads its memory
+                    # at this address on every replay, whatever the generation of this tensor
+                    t = Tensor._make(Storage(t._storage.data._live(), "cuda"), t._meta)
                 record_inputs.append(t)
             with graph:
                 outs = call(list(record_inputs))
@@ -353,8 +380,11 @@ class GraphedCall:
     change, runs the artifact directly. A driver error while recording or replaying is reported
     once, and the artifact runs directly from then on (the fallback state)."""
 
-    def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None):
+    def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None, keep_outputs=False):
         self.call, self.name, self.mutated, self.log = call, name, mutated, log
+        # keep_outputs (a backward's gradients, which `.grad` may hold across steps): weakrefs to
+        # the last replay's output arrays; those still referenced are copied out before a replay
+        self.held = [] if keep_outputs else None
         self.warmed = False
         self.rec = None
         self.staged_positions = set()
@@ -402,6 +432,8 @@ class GraphedCall:
 
     def _replay(self, rec, args, copies):
         try:
+            if self.held:
+                self._keep_held()
             if copies:
                 for dst, src, nbytes in copies:
                     if nbytes:
@@ -415,7 +447,27 @@ class GraphedCall:
         stats["replays"] += 1
         if copies:
             stats["copies"] += len(copies)
-        return rec.outputs(self.cell, self.name)
+        outs = rec.outputs(self.cell, self.name)
+        if self.held is not None:
+            self.held = [weakref.ref(t._storage.data) for t in outs
+                         if t.__class__ is Tensor and t._storage.data.__class__ is GraphOutputArray]
+        return outs
+
+    def _keep_held(self) -> None:
+        """keep_outputs: the last replay's outputs someone still holds (a gradient in `.grad`, one
+        the engine is summing) move to memory of their own before this replay overwrites theirs."""
+        cell, held, self.held = self.cell, self.held, []
+        kept = 0
+        for ref in held:
+            array = ref()
+            if array is not None and array._cell is cell and array._gen == cell.value:
+                array.keep(_DRIVER)
+                kept += 1
+        if kept:
+            self.stats["kept"] = self.stats.get("kept", 0) + kept
+            self._note("kept", f"{self.name}: {kept} output(s) of the last replay were still referenced "
+                       "(a gradient kept in .grad): copied out of the graph's memory before the next "
+                       "replay, so they keep their values")
 
     def _direct(self, args):
         self.stats["direct"] += 1
@@ -430,9 +482,11 @@ class GraphedCall:
     def _slow(self, args):
         """No recording yet, or condition 2 failed: warm up, record (again), or run directly."""
         if self.broken is not None or not self.warmed:
-            self.warmed = True
+            self.warmed = [t.data_ptr() for t in args]
             return self._direct(args)
         rec = self.rec
+        if rec is None and self.warmed is not True and len(args) == len(self.warmed):
+            self._stage_moved(args)
         if rec is not None:
             why = self._mismatch(rec, args)
             if why is not None:
@@ -443,6 +497,19 @@ class GraphedCall:
                        "on they are copied into graph-owned buffers before each replay")
             self.staged_positions |= moved
         return self._record(args)
+
+    def _stage_moved(self, args) -> None:
+        """The first recording: an input at another address than on the warm-up call (a new
+        batch each call) is copied into a graph-owned buffer from the start, so the graph is
+        recorded once. Not an input written in place, nor a replay's output (graph memory: the
+        same address on every replay)."""
+        moved = {i for i, (t, p) in enumerate(zip(args, self.warmed)) if i not in self.mutated and
+                 t.data_ptr() != p and t._storage.data.__class__ is not GraphOutputArray}
+        self.warmed = True
+        if moved:
+            self._note("moved", f"{self.name}: input(s) {sorted(moved)} moved since the warm-up call; "
+                       "they are copied into graph-owned buffers before each replay")
+            self.staged_positions |= moved
 
     def _mismatch(self, rec, args) -> str | None:
         if len(args) != rec.n:
@@ -514,16 +581,17 @@ class GraphedCall:
 _CPU_NOTED = [False]
 
 
-def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
+def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, keep_outputs=False):
     """`call` wrapped for replay from a CUDA graph (mode='reduce-overhead'), or `call` itself
-    when §9.9 does not apply, with a `cudagraphs` log line saying why."""
+    when §9.9 does not apply, with a `cudagraphs` log line saying why. `keep_outputs`: outputs
+    still referenced at the next replay are copied out first (a training backward's gradients)."""
     if not str(device).startswith("cuda"):
         if not _CPU_NOTED[0]:
             _CPU_NOTED[0] = True
             log("cudagraphs", name, "mode='reduce-overhead' on the CPU: CUDA graphs are a GPU "
                 "feature; the compiled C++ code runs as usual")
         return call
-    if dynamic:
+    if dynamic or any(s.__class__ is not int for n in graph.inputs for s in n.meta.shape):
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: dynamic mode (§10.4) "
             "serves many shapes from one artifact, and a graph replays one fixed shape")
         return call
@@ -538,4 +606,4 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
     if why is not None:
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: {why}")
         return call
-    return GraphedCall(call, name, mutated_positions(graph), log)
+    return GraphedCall(call, name, mutated_positions(graph), log, keep_outputs)
