@@ -18,8 +18,12 @@ an output with no gradient gets zeros; `create_graph=True` raises (the backward 
 Sizes are static: a training call compiles one specialization per input layout (the key also holds
 which inputs require grad), whatever `dynamic=` says.
 
+Under mode='reduce-overhead' (§9.9) each artifact replays from a CUDA graph (`build`'s `graphed`);
+a forward whose replay would overwrite saved tensors a pending backward reads runs directly.
+
 Where to look: `build` (joint graph -> partition -> forward artifact), `CompiledNode.apply` (the
-backward), `run`, `generate` (both graphs' code, for stax.generate).
+backward), `_forward_call` (§9.9: replay or run directly), `run`, `generate` (both graphs' code,
+for stax.generate).
 """
 from __future__ import annotations
 

@@ -30,7 +30,11 @@ Where to look:
   - `GraphedCall` ............. warm-up call, recording, condition 2, copies into the recorded
                                 inputs, replay, the fallback state after a driver error
   - `GraphPool` ............... graph-owned memory, shared between graphs when safe
-  - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it
+  - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
+                                `keep` moves one still referenced out (a training backward's
+                                gradients, `GraphedCall(keep_outputs=True)`)
+  - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
+                                (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
 """
 from __future__ import annotations
