@@ -85,12 +85,13 @@ def set_driver(driver):
 
 
 class _Generation:
-    """The replay count of one GraphedCall; outputs remember the count they were made at. Outputs
-    hold this cell, not the GraphedCall, so an output kept by the caller does not keep the graph."""
-    __slots__ = ("value",)
+    """The replay count of one GraphedCall (and its name, for the error); outputs remember the
+    count they were made at. Outputs hold this cell, not the GraphedCall, so an output kept by the
+    caller does not keep the graph."""
+    __slots__ = ("value", "name")
 
-    def __init__(self):
-        self.value = 0
+    def __init__(self, name=""):
+        self.value, self.name = 0, name
 
 
 class OverwrittenOutputError(RuntimeError):
@@ -101,17 +102,20 @@ class GraphOutputArray:
     """The storage of a tensor a replay returned: the graph's own device array, usable until the
     next replay overwrites it. Every read (`ptr`, `host()`, the interpreter's `host_array`) and
     write (`upload`) checks the generation first."""
-    __slots__ = ("_array", "_cell", "_gen", "_name", "count", "dtype", "__weakref__")
+    __slots__ = ("_array", "_cell", "_gen", "__weakref__")
 
-    def __init__(self, array, cell: _Generation, name: str):
-        self._array, self._cell, self._gen, self._name = array, cell, cell.value, name
-        self.count, self.dtype = array.count, array.dtype
+    def __init__(self, array, cell: _Generation):
+        self._array, self._cell, self._gen = array, cell, cell.value
+
+    count = property(lambda self: self._array.count)      # (metadata: readable after a replay)
+    dtype = property(lambda self: self._array.dtype)
 
     def _live(self):
         if self._cell.value != self._gen:
+            name = self._cell.name
             raise OverwrittenOutputError(
-                f"this tensor is an output of a CUDA graph replay of {self._name} (stax.compile "
-                f"mode='reduce-overhead'), and a later call of {self._name} has overwritten it: a "
+                f"this tensor is an output of a CUDA graph replay of {name} (stax.compile "
+                f"mode='reduce-overhead'), and a later call of {name} has overwritten it: a "
                 "replay writes its outputs into the same graph-owned memory every time. To keep an "
                 "output across calls, copy it before the next call: `y = f(x).clone()`.")
         return self._array
@@ -137,7 +141,7 @@ class GraphOutputArray:
         fresh = cuda.DeviceArray(array.count, array.dtype)
         if array.count:
             driver.copy(fresh.ptr, array.ptr, array.count * array.dtype.itemsize)
-        self._array, self._cell, self._gen = fresh, _Generation(), 0
+        self._array, self._cell, self._gen = fresh, _Generation(self._cell.name), 0
 
 
 class GraphPool:
@@ -305,23 +309,28 @@ class Recording:
                 if k == len(self.owned):
                     self.owned.append(o._storage.data)
                 self.plan.append((k, o._meta))
+        # the common case, one output over one graph-owned buffer: its layout, else None
+        self.single = self.plan[0][1] if len(self.plan) == 1 and self.plan[0][0] == 0 else None
 
     def owned_ptrs(self) -> list:
         arrays = self.owned + [a for a, _ in self.staged.values()]
         return [a.buffer.ptr for a in arrays if getattr(a, "buffer", None) is not None]
 
-    def outputs(self, cell: _Generation, name: str) -> tuple:
+    def outputs(self, cell: _Generation) -> tuple:
         """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
-        make, owned = Tensor._make, self.owned
+        make, owned = Tensor._fresh, self.owned
         if len(owned) == 1:                # the common case: one graph-owned buffer
-            s = Storage(GraphOutputArray(owned[0], cell, name), "cuda")
+            s = Storage(GraphOutputArray(owned[0], cell), "cuda")
+            if self.single is not None:
+                return (make(s, self.single),)
             return tuple([v if k is None else make(s, v) for k, v in self.plan])
-        storages = [Storage(GraphOutputArray(a, cell, name), "cuda") for a in owned]
+        storages = [Storage(GraphOutputArray(a, cell), "cuda") for a in owned]
         return tuple([v if k is None else make(storages[k], v) for k, v in self.plan])
 
     def close(self) -> None:
         self.graph = self.outs = self.inputs = None
         self.owned, self.staged, self.plan, self.seen, self.again = [], {}, [], [None] * self.n, None
+        self.single = None
         if self.pool is not None:
             self.pool.leave(self.key)
             self.pool = None
@@ -393,7 +402,7 @@ class GraphedCall:
         self.rec = None
         self.staged_positions = set()
         self.broken = None            # the driver's error, once recording or replay failed
-        self.cell = _Generation()
+        self.cell = _Generation(name)
         self.noted = set()            # log lines already given (each once)
         self.stats = {"direct": 0, "records": 0, "replays": 0, "copies": 0}
         self._lock = threading.Lock()
@@ -439,19 +448,20 @@ class GraphedCall:
             if self.held:
                 self._keep_held()
             if copies:
+                copy = _DRIVER.copy
                 for dst, src, nbytes in copies:
                     if nbytes:
-                        _DRIVER.copy(dst, src, nbytes)
+                        copy(dst, src, nbytes)
             rec.graph.replay()
         except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
             self._break("replaying", e)
             return self._direct(args)
-        self.cell.value += 1          # every output of earlier replays is now overwritten
-        stats = self.stats
+        cell, stats = self.cell, self.stats
+        cell.value += 1               # every output of earlier replays is now overwritten
         stats["replays"] += 1
         if copies:
             stats["copies"] += len(copies)
-        outs = rec.outputs(self.cell, self.name)
+        outs = rec.outputs(cell)
         if self.held is not None:
             self.held = [weakref.ref(t._storage.data) for t in outs
                          if t.__class__ is Tensor and t._storage.data.__class__ is GraphOutputArray]
