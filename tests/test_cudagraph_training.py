@@ -18,7 +18,7 @@ import pytest
 import stax
 import stax.nn.functional as F
 from conftest import assert_close
-from stax import cudagraph
+from stax import cuda, cudagraph
 from test_cudagraph import FakeDriver, fake  # noqa: F401 -- the fixture
 
 IN, HID = 5, 13
@@ -227,3 +227,21 @@ def test_dynamic_mode_training_records_no_graph(fake, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "mlp_loss_forward is not wrapped in a CUDA graph: dynamic mode" in err
     assert "mlp_loss_backward is not wrapped in a CUDA graph: dynamic mode" in err
+
+
+# ---- on a GPU (the real driver) ----
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (cuda.is_available() and not cuda.interpreting()), reason="needs an NVIDIA GPU")
+def test_gpu_training_loop_replays_and_equals_default():
+    steps = 40
+    f, losses, params = train("reduce-overhead", "adamw", steps, check_ref=True)
+    _, plain_losses, plain_params = train(None, "adamw", steps)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5, atol=1e-7)
+    for a, b in zip(params, plain_params):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    entry = entry_of(f)
+    for g in (entry.forward, entry.backward):
+        assert isinstance(g, cudagraph.GraphedCall) and g.broken is None
+        assert g.stats["records"] == 1 and g.stats["replays"] == steps - 1
