@@ -48,6 +48,8 @@ from operator import is_ as _is
 from . import cuda
 from .tensor import Meta, Storage, Tensor
 
+_new = object.__new__
+
 # ---- §9.9 Data types: the driver seam, graph-owned memory, guarded outputs ----
 
 
@@ -320,7 +322,9 @@ class Recording:
         """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
         make, owned = Tensor._fresh, self.owned
         if len(owned) == 1:                # the common case: one graph-owned buffer
-            s = Storage(GraphOutputArray(owned[0], cell), "cuda")
+            a = _new(GraphOutputArray)     # (GraphOutputArray(owned[0], cell), without __init__'s call)
+            a._array, a._cell, a._gen = owned[0], cell, cell.value
+            s = Storage(a, "cuda")
             if self.single is not None:
                 return (make(s, self.single),)
             return tuple([v if k is None else make(s, v) for k, v in self.plan])
@@ -400,6 +404,7 @@ class GraphedCall:
         self.held = [] if keep_outputs else None
         self.warmed = False
         self.rec = None
+        self.last = None              # the last call's `Recording.again`, if it passed condition 2 whole
         self.staged_positions = set()
         self.broken = None            # the driver's error, once recording or replay failed
         self.cell = _Generation(name)
@@ -409,11 +414,13 @@ class GraphedCall:
 
     def __call__(self, args):
         with self._lock:
+            self.last = None
             rec = self.rec
             if rec is None or len(args) != rec.n:
                 return self._slow(args)
             again = rec.again
             if again is not None and all(map(_is, args, again[0])):
+                self.last = again
                 return self._replay(rec, args, again[1])     # the last call's very tensors
             copies, seen, known = [], rec.seen, True
             for i, t in enumerate(args):
@@ -434,7 +441,7 @@ class GraphedCall:
                     copies.append((rec.ptrs[i], p, rec.staged[i][1]))
             # a tensor's storage and layout never change, so the same tensors pass condition 2
             # again with the same copies: one identity test per input next time
-            rec.again = (tuple(args), copies) if known else None
+            rec.again = self.last = (tuple(args), copies) if known else None
             return self._replay(rec, args, copies)
 
     @property
@@ -485,7 +492,23 @@ class GraphedCall:
 
     def _direct(self, args):
         self.stats["direct"] += 1
-        return self.call(args)
+        return self.call(list(args))       # (a list: the wrapper clears it; `replay_again` has a tuple)
+
+    def again_token(self):
+        """What `replay_again` is given: the last call's condition-2 result (`Recording.again`)
+        when that call's tensors passed it whole, else None."""
+        return self.last
+
+    def replay_again(self, token):
+        """A call with the very tensors of the last call (the caller knows that:
+        `specialize.LastCall`), replayed without testing them again, if `token` is still that
+        call's result: no other call came in between, the recording is the same. None
+        otherwise: call it as usual."""
+        with self._lock:
+            rec = self.rec
+            if rec is None or self.last is not token or rec.again is not token:
+                return None
+            return self._replay(rec, token[0], token[1])
 
     def _note(self, what: str, text: str) -> None:
         if what not in self.noted:
@@ -605,7 +628,7 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, kee
             log("cudagraphs", name, "mode='reduce-overhead' on the CPU: CUDA graphs are a GPU "
                 "feature; the compiled C++ code runs as usual")
         return call
-    if dynamic or any(s.__class__ is not int for n in graph.inputs for s in n.meta.shape):
+    if dynamic or any(getattr(s, "free_symbols", None) for n in graph.inputs for s in n.meta.shape):
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: dynamic mode (§10.4) "
             "serves many shapes from one artifact, and a graph replays one fixed shape")
         return call

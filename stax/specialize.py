@@ -195,8 +195,10 @@ class LastCall:
     training path); the caller checks the tracer, the matmul precision and the reads.
 
     `run` is the entry's call without `_run`'s general steps, for an entry that needs none of
-    them: tensors only, no lifted constants, no run-time floats, no aliasing."""
-    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec")
+    them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
+    (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
+    that call passed its condition 2 whole: these are the same tensors, so it replays at once."""
+    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again")
 
     def __init__(self, args, reads, live, key, entry, alias):
         self.refs = tuple([weakref.ref(a) for a in args])
@@ -204,6 +206,7 @@ class LastCall:
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
         self.call = call if flat is True and not lifts and not floats and alias is None else None
+        self.again, self.token = getattr(self.call, "again_token", None), None
 
     def same(self, args, grad_enabled) -> bool:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
@@ -217,7 +220,13 @@ class LastCall:
         return all(map(_is, args, map(_call, self.refs)))
 
     def run(self, args):
-        outs = self.call(list(args) + self.consts if self.consts else list(args))
+        outs = None
+        if self.token is not None:
+            outs = self.call.replay_again(self.token)
+        if outs is None:
+            outs = self.call(list(args) + self.consts if self.consts else list(args))
+            if self.again is not None:
+                self.token = self.again()
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))

@@ -307,6 +307,33 @@ def test_same_tensors_again_after_a_layout_miss(fake, rng):
         f(y)
 
 
+def test_the_last_calls_token_is_that_calls_own(fake, rng):
+    """`GraphedCall.replay_again` (the call with the last call's tensors, told so by
+    `specialize.LastCall`) replays only on the token of that very call: a call that ran directly
+    (an input written in place moved) leaves no token, so the next same call is checked again
+    and also runs directly, writing its own tensor, never the one recorded."""
+    def bump(x, y):
+        x.add_(y)
+        return x * 2
+    f = stax.compile(bump, mode="reduce-overhead")
+    x1, y = cuda_randn(rng, 4, 5), cuda_randn(rng, 4, 5)
+    for _ in range(3):                       # warm-up, record, replay with the same tensors
+        f(x1, y)
+    keep1 = x1.cpu().numpy().copy()
+    x2 = cuda_randn(rng, 4, 5)
+    expect = np.asarray(x2.cpu(), np.float64)
+    for _ in range(3):                       # the same new tensor three times: direct each time
+        out = f(x2, y)
+        expect = expect + np.asarray(y.cpu(), np.float64)
+        assert_close(x2.cpu(), expect, stax.float32)
+        assert_close(out.cpu(), expect * 2, stax.float32)
+    np.testing.assert_array_equal(x1.cpu().numpy(), keep1)
+    assert graphed(f).stats["direct"] == 4
+    for _ in range(2):                       # back to the recorded tensor: replays (token path)
+        f(x1, y)
+    assert_close(x1.cpu(), keep1.astype(np.float64) + 2 * np.asarray(y.cpu(), np.float64), stax.float32)
+
+
 def graphed_calls(cf):
     return {e[0].rec.shapes[0]: e[0] for e in cf.artifacts.values()
             if isinstance(e[0], cudagraph.GraphedCall) and e[0].rec is not None}
