@@ -295,9 +295,10 @@ class Recording:
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
         self.outs = outs
-        # a static input's storage -> the caller's (a replay output of another graph was recorded
-        # through its raw array: an output viewing it keeps the generation check)
-        static = {id(t._storage): a._storage for i, (t, a) in enumerate(zip(record_inputs, args)) if i not in staged}
+        static = {id(t._storage) for i, t in enumerate(record_inputs) if i not in staged}
+        # a replay output of another graph, recorded through its raw array: an output viewing it
+        # is made over the caller's storage, which keeps the generation check
+        unwrapped = {id(t._storage): a._storage for t, a in zip(record_inputs, args) if t._storage is not a._storage}
         self.owned = []                    # graph-owned storages the outputs read
         self.plan = []                     # per output: (None, value) | (index in owned, meta)
         seen = {}
@@ -305,7 +306,8 @@ class Recording:
             if o.__class__ is not Tensor:
                 self.plan.append((None, o))
             elif id(o._storage) in static:  # a view of the caller's input, at its recorded address
-                self.plan.append((None, Tensor._make(static[id(o._storage)], o._meta)))
+                st = unwrapped.get(id(o._storage))
+                self.plan.append((None, o if st is None else Tensor._make(st, o._meta)))
             else:
                 k = seen.setdefault(id(o._storage), len(self.owned))
                 if k == len(self.owned):
@@ -414,35 +416,55 @@ class GraphedCall:
 
     def __call__(self, args):
         with self._lock:
-            self.last = None
+            return self._call(args)
+
+    def call_with_token(self, args):
+        """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
+        next call with these very tensors (None: that call must be checked as usual)."""
+        with self._lock:
+            return self._call(args), self.last
+
+    def replay_again(self, token):
+        """A call with the very tensors of the call that `call_with_token` gave `token` for (the
+        caller knows they are: `specialize.LastCall`), replayed without testing them again, if
+        no other call came in between and the recording is the same. None otherwise: call it
+        as usual."""
+        with self._lock:
             rec = self.rec
-            if rec is None or len(args) != rec.n:
-                return self._slow(args)
-            again = rec.again
-            if again is not None and all(map(_is, args, again[0])):
-                self.last = again
-                return self._replay(rec, args, again[1])     # the last call's very tensors
-            copies, seen, known = [], rec.seen, True
-            for i, t in enumerate(args):
-                st, m = t._storage, t._meta
-                c = seen[i]
-                if c is not None and c[0] is st and c[1] is m:   # the last call's tensor: known
-                    p = c[2]
-                else:
-                    if m.shape != rec.shapes[i] or m.stride != rec.strides[i]:
-                        return self._slow(args)
-                    p = t.data_ptr()          # an overwritten output raises here
-                    # (never cached: an output of ours must be checked on every call)
-                    seen[i] = None if st.data.__class__ is GraphOutputArray else (st, m, p)
-                    known = known and seen[i] is not None
-                if p != rec.ptrs[i]:
-                    if i not in rec.staged:
-                        return self._slow(args)
-                    copies.append((rec.ptrs[i], p, rec.staged[i][1]))
-            # a tensor's storage and layout never change, so the same tensors pass condition 2
-            # again with the same copies: one identity test per input next time
-            rec.again = self.last = (tuple(args), copies) if known else None
-            return self._replay(rec, args, copies)
+            if rec is None or self.last is not token or rec.again is not token:
+                return None
+            return self._replay(rec, token[0], token[1])
+
+    def _call(self, args):
+        self.last = None
+        rec = self.rec
+        if rec is None or len(args) != rec.n:
+            return self._slow(args)
+        again = rec.again
+        if again is not None and all(map(_is, args, again[0])):
+            self.last = again
+            return self._replay(rec, args, again[1])     # the last call's very tensors
+        copies, seen, known = [], rec.seen, True
+        for i, t in enumerate(args):
+            st, m = t._storage, t._meta
+            c = seen[i]
+            if c is not None and c[0] is st and c[1] is m:   # the last call's tensor: known
+                p = c[2]
+            else:
+                if m.shape != rec.shapes[i] or m.stride != rec.strides[i]:
+                    return self._slow(args)
+                p = t.data_ptr()          # an overwritten output raises here
+                # (never cached: an output of ours must be checked on every call)
+                seen[i] = None if st.data.__class__ is GraphOutputArray else (st, m, p)
+                known = known and seen[i] is not None
+            if p != rec.ptrs[i]:
+                if i not in rec.staged:
+                    return self._slow(args)
+                copies.append((rec.ptrs[i], p, rec.staged[i][1]))
+        # a tensor's storage and layout never change, so the same tensors pass condition 2
+        # again with the same copies: one identity test per input next time
+        rec.again = self.last = (tuple(args), copies) if known else None
+        return self._replay(rec, args, copies)
 
     @property
     def __globals__(self) -> dict:
@@ -494,22 +516,6 @@ class GraphedCall:
         self.stats["direct"] += 1
         return self.call(list(args))       # (a list: the wrapper clears it; `replay_again` has a tuple)
 
-    def again_token(self):
-        """What `replay_again` is given: the last call's condition-2 result (`Recording.again`)
-        when that call's tensors passed it whole, else None."""
-        return self.last
-
-    def replay_again(self, token):
-        """A call with the very tensors of the last call (the caller knows that:
-        `specialize.LastCall`), replayed without testing them again, if `token` is still that
-        call's result: no other call came in between, the recording is the same. None
-        otherwise: call it as usual."""
-        with self._lock:
-            rec = self.rec
-            if rec is None or self.last is not token or rec.again is not token:
-                return None
-            return self._replay(rec, token[0], token[1])
-
     def _note(self, what: str, text: str) -> None:
         if what not in self.noted:
             self.noted.add(what)
@@ -518,7 +524,9 @@ class GraphedCall:
 
     def _slow(self, args):
         """No recording yet, or condition 2 failed: warm up, record (again), or run directly."""
-        if self.broken is not None or not self.warmed:
+        if self.broken is not None:
+            return self._direct(args)
+        if self.warmed is False:          # the warm-up call: its addresses, for `_stage_moved`
             self.warmed = [t.data_ptr() for t in args]
             return self._direct(args)
         rec = self.rec

@@ -206,7 +206,7 @@ class LastCall:
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
         self.call = call if flat is True and not lifts and not floats and alias is None else None
-        self.again, self.token = getattr(self.call, "again_token", None), None
+        self.again, self.token = getattr(self.call, "call_with_token", None), None
 
     def same(self, args, grad_enabled) -> bool:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
@@ -224,9 +224,11 @@ class LastCall:
         if self.token is not None:
             outs = self.call.replay_again(self.token)
         if outs is None:
-            outs = self.call(list(args) + self.consts if self.consts else list(args))
-            if self.again is not None:
-                self.token = self.again()
+            inputs = list(args) + self.consts if self.consts else list(args)
+            if self.again is None:
+                outs = self.call(inputs)
+            else:
+                outs, self.token = self.again(inputs)
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))
