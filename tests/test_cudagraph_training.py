@@ -39,17 +39,22 @@ def mlp_grads_ref(w1, b1, w2, b2, x, y):
     return ((out - y) ** 2).mean(), [d_a.T @ x, d_a.sum(0), d_out.T @ h, d_out.sum(0)]
 
 
-def make_params(seed=1):
+def make_params(seed=1, dtype=stax.float32):
     rng = np.random.default_rng(seed)
     shapes = [(HID, IN), (HID,), (1, HID), (1,)]
-    return [stax.from_numpy((rng.standard_normal(s) * 0.4).astype(np.float32)).to("cuda").requires_grad_()
+    return [stax.from_numpy((rng.standard_normal(s) * 0.4).astype(np.float32)).to("cuda").to(dtype).requires_grad_()
             for s in shapes]
 
 
-def batches(n, rows=7, seed=2):
+def batches(n, rows=7, seed=2, transposed=False):
+    """`n` batches (x, y); `transposed`: x a non-contiguous view (the transpose of an IN x rows array)."""
     rng = np.random.default_rng(seed)
-    return [(stax.from_numpy(rng.standard_normal((rows, IN)).astype(np.float32)).to("cuda"),
-             stax.from_numpy(rng.standard_normal((rows, 1)).astype(np.float32)).to("cuda")) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((rows, IN)).astype(np.float32)
+        x = stax.from_numpy(np.ascontiguousarray(x.T)).to("cuda").t() if transposed else stax.from_numpy(x).to("cuda")
+        out.append((x, stax.from_numpy(rng.standard_normal((rows, 1)).astype(np.float32)).to("cuda")))
+    return out
 
 
 def entry_of(cf):
@@ -58,15 +63,17 @@ def entry_of(cf):
 
 
 def host(t):
-    return np.asarray(t.detach().cpu().numpy(), np.float64)
+    t = t.detach()
+    return np.asarray((t.float() if t.dtype is stax.bfloat16 else t).cpu().numpy(), np.float64)
 
 
-def train(mode, opt_name, steps, check_ref=False):
-    params = make_params()
+def train(mode, opt_name, steps, check_ref=False, dtype=stax.float32, **batch):
+    params = make_params(dtype=dtype)
     f = stax.compile(mlp_loss, mode=mode)
     opt = stax.optim.AdamW(params, lr=0.05) if opt_name == "adamw" else stax.optim.SGD(params, lr=0.1, momentum=0.9)
     losses = []
-    for x, y in batches(steps):             # a new batch (new addresses, new values) every step
+    for x, y in batches(steps, **batch):    # a new batch (new addresses, new values) every step
+        x, y = x.to(dtype), y.to(dtype)
         before = [host(p) for p in params]
         opt.zero_grad()
         loss = f(*params, x, y)
@@ -77,18 +84,20 @@ def train(mode, opt_name, steps, check_ref=False):
             for p, g in zip(params, ref_grads):
                 assert_close(p.grad.cpu(), g, stax.float32)
         opt.step()
-        losses.append(loss.item())
+        losses.append(float(loss.float().item()))
     return f, losses, [host(p) for p in params]
 
 
 # ---- each artifact recorded once and replayed; equal to the path without graphs ----
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
-def test_training_loop_replays_both_artifacts_and_equals_no_graphs(fake, opt_name):
-    steps = 7
-    f, losses, params = train("reduce-overhead", opt_name, steps, check_ref=True)
-    _, plain_losses, plain_params = train(None, opt_name, steps)
+@pytest.mark.parametrize("opt_name, batch", [("sgd", {}), ("adamw", {}), ("adamw", {"rows": 1}),
+                                             ("sgd", {"rows": 3, "transposed": True}),
+                                             ("adamw", {"dtype": stax.bfloat16})])
+def test_training_loop_replays_both_artifacts_and_equals_no_graphs(fake, opt_name, batch):
+    steps = 12
+    f, losses, params = train("reduce-overhead", opt_name, steps, check_ref="dtype" not in batch, **batch)
+    _, plain_losses, plain_params = train(None, opt_name, steps, **batch)
     np.testing.assert_array_equal(losses, plain_losses)      # the same kernels on the same data
     for a, b in zip(params, plain_params):
         np.testing.assert_array_equal(a, b)
@@ -100,9 +109,10 @@ def test_training_loop_replays_both_artifacts_and_equals_no_graphs(fake, opt_nam
     assert fake.graphs == 2
 
 
-def test_grads_in_dot_grad_do_not_alias_the_next_replay(fake):
+def test_grads_in_dot_grad_do_not_alias_the_next_replay(fake, monkeypatch, capsys):
     """Gradient accumulation (no zero_grad between backward calls): `.grad` holds the last
     replay's output when the next backward replays; it is copied out first, so the sum is right."""
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
     params = make_params()
     f = stax.compile(mlp_loss, mode="reduce-overhead")
     data = batches(5)
@@ -119,6 +129,7 @@ def test_grads_in_dot_grad_do_not_alias_the_next_replay(fake):
             assert_close(p.grad.cpu(), e, stax.float32)
     bwd = entry_of(f).backward
     assert bwd.stats["replays"] == 4 and bwd.stats["kept"] == len(params)
+    assert "mlp_loss_backward: 4 output(s) of the last replay were still referenced" in capsys.readouterr().err
     held = stax.autograd.grad(f(*params, *data[0]), params)       # held by the caller, then replayed over
     again = stax.autograd.grad(f(*params, *data[1]), params)
     for got, (x, y) in zip((held, again), data[:2]):
