@@ -141,15 +141,21 @@ def test_grads_in_dot_grad_do_not_alias_the_next_replay(fake, monkeypatch, capsy
 # ---- the pending-backward rule ----
 
 
-def test_forward_while_a_backward_is_pending_runs_directly(fake, monkeypatch, capsys):
-    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+def recorded_mlp(x, y):
+    """The parameters and the compiled MLP loss, warmed up and recorded on (x, y), no .grad left."""
     params = make_params()
     f = stax.compile(mlp_loss, mode="reduce-overhead")
-    (x0, y0), (x1, y1), (x2, y2) = batches(3)
-    for _ in range(2):                       # warm-up, record
-        f(*params, x0, y0).backward()
+    for _ in range(2):
+        f(*params, x, y).backward()
     for p in params:
         p.grad = None
+    return params, f
+
+
+def test_forward_while_a_backward_is_pending_runs_directly(fake, monkeypatch, capsys):
+    monkeypatch.setenv("STAX_LOGS", "cudagraphs")
+    (x0, y0), (x1, y1), (x2, y2) = batches(3)
+    params, f = recorded_mlp(x0, y0)
     fwd = entry_of(f).forward
     first = f(*params, x1, y1)               # a replay: its saved tensors are in the graph's memory
     second = f(*params, x2, y2)              # would overwrite them: runs the artifact directly
@@ -169,13 +175,8 @@ def test_forward_while_a_backward_is_pending_runs_directly(fake, monkeypatch, ca
 
 
 def test_retain_graph_keeps_the_backward_pending(fake):
-    params = make_params()
-    f = stax.compile(mlp_loss, mode="reduce-overhead")
     (x0, y0), (x1, y1) = batches(2)
-    for _ in range(2):
-        f(*params, x0, y0).backward()
-    for p in params:
-        p.grad = None
+    params, f = recorded_mlp(x0, y0)
     loss = f(*params, x1, y1)
     loss.backward(retain_graph=True)
     other = f(*params, x0, y0)               # the retained backward still reads the saved tensors
@@ -201,7 +202,7 @@ def test_a_function_applied_twice_in_one_step(fake, rng):
         h = a + 0.5 * x
         b = np.tanh(h * w)
         d_h = (1 - b * b) * w + 0.5
-        return (1 - b * b).__mul__(h).sum(0) + (d_h * (1 - a * a) * x).sum(0)
+        return ((1 - b * b) * h).sum(0) + (d_h * (1 - a * a) * x).sum(0)
     for step in range(4):
         x = stax.from_numpy(rng.standard_normal((6, 9)).astype(np.float32)).to("cuda").requires_grad_()
         w.grad = None
@@ -211,11 +212,8 @@ def test_a_function_applied_twice_in_one_step(fake, rng):
 
 
 def test_an_overwritten_forward_output_raises(fake):
-    params = make_params()
-    f = stax.compile(mlp_loss, mode="reduce-overhead")
     (x0, y0), (x1, y1) = batches(2)
-    for _ in range(2):
-        f(*params, x0, y0).backward()
+    params, f = recorded_mlp(x0, y0)
     kept = f(*params, x1, y1)
     kept.backward()
     f(*params, x0, y0).backward()            # a later replay of the forward
