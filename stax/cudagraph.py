@@ -395,16 +395,19 @@ class GraphedCall:
     records the launch sequence and replays it; later calls replay when condition 2 holds: the
     same number of inputs with the recorded shapes and strides, and each input at its recorded
     address. An input that moved is copied into a graph-owned buffer (the graph is recorded
-    again once, reading that buffer); an input the artifact writes to that moved, or a layout
-    change, runs the artifact directly. A driver error while recording or replaying is reported
-    once, and the artifact runs directly from then on (the fallback state)."""
+    again once, reading that buffer; one already moved between the warm-up call and the second
+    is read from such a buffer from the first recording); an input the artifact writes to that
+    moved, or a layout change, runs the artifact directly. A driver error while recording or
+    replaying is reported once, and the artifact runs directly from then on (the fallback state).
+    `keep_outputs` (a training backward): outputs of the last replay still referenced when the
+    next one comes are first copied to memory of their own (`GraphOutputArray.keep`)."""
 
     def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None, keep_outputs=False):
         self.call, self.name, self.mutated, self.log = call, name, mutated, log
         # keep_outputs (a backward's gradients, which `.grad` may hold across steps): weakrefs to
         # the last replay's output arrays; those still referenced are copied out before a replay
         self.held = [] if keep_outputs else None
-        self.warmed = False
+        self.warmed = False           # then the warm-up call's input addresses, then True
         self.rec = None
         self.last = None              # the last call's `Recording.again`, if it passed condition 2 whole
         self.staged_positions = set()
