@@ -775,8 +775,8 @@ def _gpt2_arrays(n_embd, vocab, seq, batch):
     return p, x, t, np.tril(np.ones((seq, seq), np.float32)).reshape(1, 1, seq, seq)
 
 
-def _stax_step(loss_fn, params, inputs):
-    opt, f = stax.optim.AdamW(params, lr=1e-3), stax.compile(loss_fn)
+def _stax_step(loss_fn, params, inputs, mode=None):
+    opt, f = stax.optim.AdamW(params, lr=1e-3), stax.compile(loss_fn, mode=mode)
 
     def step():
         opt.zero_grad()
@@ -870,6 +870,13 @@ def training_steps(tiny=False) -> list:
     params = [t.requires_grad_() for t in ts[:-2]]
     step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), params, lambda: (*params, *ts[-2:]))
     rows.append(_step_row(f"train_mlp4 {width}x{batch}", step, None if tiny else _torch_mlp_step(arrays, 4)))
+    # §9.9 (issue 16): the same step with the forward and backward artifacts replayed from CUDA
+    # graphs, and a launch-bound one (width 64, batch 8) in both modes
+    for w, b, mode in ((width, batch, "reduce-overhead"), (64, 8, None), (64, 8, "reduce-overhead")):
+        ts = [stax.tensor(a, device="cuda") for a in _mlp_arrays(w, 4, b)]
+        ps = [t.requires_grad_() for t in ts[:-2]]
+        step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), ps, lambda ps=ps, ts=ts: (*ps, *ts[-2:]), mode)
+        rows.append(_step_row(f"train_mlp4 {w}x{b} {mode or 'default'}", step, None))
     gpt2_block.N_EMBD, gpt2_block.N_HEAD, gpt2_block.VOCAB = C, heads, vocab
     garrays = _gpt2_arrays(C, vocab, seq, gb)
     p = {k: stax.tensor(v, device="cuda", requires_grad=True) for k, v in garrays[0].items()}

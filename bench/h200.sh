@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2
 case "${1:-tests}" in
 tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider --maxfail=30 \
-        tests/test_gpu.py tests/test_gpu_reductions.py tests/test_cudagraph.py tests/test_attention.py \
+        tests/test_gpu.py tests/test_gpu_reductions.py tests/test_cudagraph.py tests/test_cudagraph_training.py tests/test_attention.py \
         tests/test_templates.py tests/test_conv.py tests/test_indexing.py tests/test_optim.py \
         tests/test_auto_dynamic.py tests/test_soundness_guards.py tests/test_export.py \
         tests/test_data_dependent.py tests/test_bucketing.py tests/test_functional.py tests/test_ops_more.py \

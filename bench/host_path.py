@@ -20,6 +20,7 @@ import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's stax
 
 import numpy as np  # noqa: E402
 

@@ -35,7 +35,6 @@ import threading
 import time
 import types
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +43,7 @@ from . import capture as _capture
 from .specialize import (Rekey, arg_at, describe_change, describe_dims, dynamic_dims,  # noqa: F401
                          dynamic_inputs, family_key_of, floats_of, key_of, mark_dynamic, mark_static,
                          rank_key_of, sized_ints, user_stacklevel)
+from .specialize import LastCall as _LastCall
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
@@ -427,7 +427,7 @@ class CompiledFunction:
         self.last_inputs = None         # (args, kwargs) of the last call, only under `python -m stax run`
         self.last_key = None            # the static key of the call last compiled (for the recompiles log)
         self._warned: set = set()       # the §2.4 limits each warn once
-        self._fast = None               # the last call's (weakrefs to its tensors, reads, their key, entry, alias)
+        self._fast = None               # the last call's specialize.LastCall
         self._lock = threading.RLock()
         self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
         if _RUN_REGISTRY is not None:
@@ -531,9 +531,9 @@ class CompiledFunction:
         return entry, lifted
 
     def _remember(self, args, entry, alias):
-        """Keep this call's tensors (weakly) for `_call_again`, when every argument is a tensor
-        and `entry` is stored (an artifact run without storing it, past the recompile limit, is
-        compiled again on every call, and stays so)."""
+        """Keep this call's tensors (weakly, `specialize.LastCall`) for `_call_again`, when every
+        argument is a tensor and `entry` is stored (an artifact run without storing it, past the
+        recompile limit, is compiled again on every call, and stays so)."""
         if builtins.any(a.__class__ is not Tensor for a in args):
             return
         stored = builtins.any(e is entry for e in self.artifacts.values()) or \
@@ -541,30 +541,22 @@ class CompiledFunction:
         if stored:
             # an argument's attributes are in the key (`_IN_KEY`) when the arguments are tensors
             live = tuple([r for r in self.reads if r.kind != "argument"])
-            call = (args, {})
-            key = tuple([_guard_key(r.value(call), []) for r in live])
-            self._fast = (tuple([weakref.ref(a) for a in args]), self.reads, live, key, entry, alias)
+            key = tuple([_guard_key(r.value((args, {})), []) for r in live])
+            self._fast = _LastCall(args, self.reads, live, key, entry, alias)
 
     def _call_again(self, fast, args):
-        """The call with the very tensors of the last one: a tensor's storage and layout never
-        change after it is made, so its key, aliasing and guards are the last call's; what can
-        change between calls is checked again (the tracer, grad, the matmul precision, the values
-        the function reads besides its arguments). _MISS: take the full path."""
-        refs, read_list, live, key, entry, alias = fast
-        if len(args) != len(refs) or read_list is not self.reads or current_tracer() is not None or \
-                _tuning._precision[0] is not self._precision:
-            return _MISS
-        for a, r in zip(args, refs):
-            if r() is not a:
-                return _MISS
-        if autograd._mode.enabled and builtins.any([a.requires_grad for a in args]):
+        """The call with the very tensors of the last one: their key, aliasing and guards are the
+        last call's; what can change between calls is checked again (the tracer, grad, the matmul
+        precision, the values the function reads besides its arguments). _MISS: the full path."""
+        if not fast.same(args, autograd._mode.enabled) or fast.reads is not self.reads or \
+                current_tracer() is not None or _tuning._precision[0] is not self._precision:
             return _MISS
         lifted = []
-        if live:
-            call = (args, {})
-            if tuple([_guard_key(r.value(call), lifted) for r in live]) != key:
-                return _MISS
-        return self._run(entry, args, {}, lifted, alias)
+        if fast.live and tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
+            return _MISS
+        if fast.call is not None and not lifted:
+            return fast.run(args)
+        return self._run(fast.entry, args, {}, lifted, fast.alias)
 
     def _prepare(self, args, kwargs):
         """Before a call looks up its artifact: the CLI's record of the inputs, a changed matmul
@@ -620,9 +612,15 @@ class CompiledFunction:
             return None
         t0 = time.perf_counter()
         try:
-            how = (self.fn, args, kwargs, _device_of(args), name, _compile_graph,
+            dev = _device_of(args)
+            how = (self.fn, args, kwargs, dev, name, _compile_graph,
                    lambda m: runtime.load_module(m, mode=None, options=self.options), _log)
-            entry = aot_autograd.build(*how) if dynamic is None else aot_dynamic.build(*how, *dynamic)
+            graphed = None if self.mode != "reduce-overhead" else lambda c, g, gen, n, keep: \
+                self._graphed(c, g, gen, n, dev, self.dynamic is True, keep)
+            if dynamic is not None and graphed is not None:
+                _log("cudagraphs", name, f"{name}_forward and {name}_backward are not wrapped in CUDA "
+                     "graphs: dynamic mode (one artifact serves many shapes, §9.9)")
+            entry = aot_autograd.build(*how, graphed) if dynamic is None else aot_dynamic.build(*how, *dynamic)
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
@@ -630,9 +628,6 @@ class CompiledFunction:
             return None
         if self.strict_native:
             _check_native(entry.gen_forward, name)
-        if self.mode == "reduce-overhead":
-            _log("cudagraphs", name, "not replayed from a CUDA graph: the forward and backward artifacts "
-                 "of a training call (§5) run as compiled, without CUDA graphs")
         entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = entry.gen_forward
         self.stats["compiles"] += 1
@@ -897,12 +892,13 @@ class CompiledFunction:
         return (call, spec, flat, consts, lifts, [r.value((args, kwargs)) for r in self.reads],
                 [w for w, _ in self._scalar_args(args, kwargs)])
 
-    def _graphed(self, call, graph, gen, name, device, dynamic):
+    def _graphed(self, call, graph, gen, name, device, dynamic, keep_outputs=False):
         """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""
         if self.mode != "reduce-overhead":
             return call
         from . import cudagraph
-        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log)
+        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log,
+                              keep_outputs=keep_outputs)
 
 
 _EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")

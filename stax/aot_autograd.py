@@ -19,16 +19,22 @@ With dynamic=False a training call compiles one specialization per input layout 
 holds which inputs require grad); dynamic=True and automatic dynamic make one shape-polymorphic
 pair of artifacts (aot_dynamic.py, §10.4), `dyn` on the entry.
 
+Under mode='reduce-overhead' (§9.9) each artifact replays from a CUDA graph (`build`'s `graphed`);
+a forward whose replay would overwrite saved tensors a pending backward reads runs directly.
+
 Where to look: `build` (joint graph -> partition -> forward artifact), `CompiledNode.apply` (the
-backward), `run`, `generate` (both graphs' code, for stax.generate).
+backward), `_forward_call` (§9.9: replay or run directly), `run`, `generate` (both graphs' code,
+for stax.generate).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 from . import autograd
 from .autograd import GradNode, _edge, _version
 from .capture import input_tensors, unflatten
+from .cudagraph import graph_owned
 from .partition import capture_joint, partition
 from .tensor import Meta, zeros
 from .tensor_ops import clone, to_dtype
@@ -51,6 +57,11 @@ class TrainingEntry:
     backward: object = None     # call(args) of the backward artifact, once compiled
     stats: dict = field(default_factory=lambda: {"backward_compiles": 0})
     dyn: object = None          # §10.4: aot_dynamic.Sizes (symbolic sizes), or None (static)
+    # §9.9 mode='reduce-overhead': (call, graph, gen, name, keep_outputs) -> call in a CUDA graph
+    graphed: object = None
+    direct: object = None       # the forward artifact itself, run while a backward is pending
+    pending: list = field(default_factory=list)   # weakrefs: nodes whose saved tensors a replay overwrites
+    log: object = None
 
     def backward_call(self, saved, args=None):
         """The backward artifact, compiled (or read from the artifact cache) on first use. Its
@@ -64,19 +75,27 @@ class TrainingEntry:
             self.gen_backward = self.compile_graph(self.part.backward, self.device, self.name + "_backward",
                                                    use_cache=True)
             self.backward = self.load(self.gen_backward.module)
+            if self.graphed is not None:   # its gradients may stay in .grad: kept past a replay
+                self.backward = self.graphed(self.backward, self.part.backward, self.gen_backward,
+                                             self.name + "_backward", True)
             self.stats["backward_compiles"] += 1
         return self.backward
 
 
-def build(fn, args, kwargs, device, name, compile_graph, load, log) -> TrainingEntry:
+def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None) -> TrainingEntry:
     """Capture the joint graph, partition it (logged under STAX_LOGS=partition) and compile the
-    forward. Raises capture.GraphBreak where stax.compile's capture would."""
+    forward. Raises capture.GraphBreak where stax.compile's capture would. `graphed` (§9.9,
+    mode='reduce-overhead') wraps each artifact in a CUDA graph where it may be."""
     joint = capture_joint(fn, list(args), kwargs)
     part = partition(joint)
     log("partition", name, part.format())
     gen = compile_graph(part.forward, device, name + "_forward", use_cache=True)
     consts = [part.forward.constants[n.name] for n in part.forward.inputs if n.op == "constant"]
-    return TrainingEntry(name, device, part, joint, load(gen.module), consts, compile_graph, load, gen)
+    entry = TrainingEntry(name, device, part, joint, load(gen.module), consts, compile_graph, load, gen)
+    if graphed is not None:
+        entry.graphed, entry.direct, entry.log = graphed, entry.forward, log
+        entry.forward = graphed(entry.forward, part.forward, gen, name + "_forward", False)
+    return entry
 
 
 # ---- §5 The grad node of a compiled region ----
@@ -132,13 +151,36 @@ class CompiledNode(GradNode):
         return [None if slot is None else outs[slot] for slot in self.entry.part.grad_slot]
 
 
+def _forward_call(entry, inputs):
+    """§9.9: a forward replay writes into the graph's memory, where the last replay left its
+    outputs: saved tensors a backward still has to read (a node alive and not freed: no backward
+    yet, or retain_graph=True), or inputs this call saves (f(f(x))). Then the forward artifact
+    runs directly, its outputs in fresh memory; else it replays."""
+    graphed, live = entry.forward, []
+    for ref in entry.pending:
+        node = ref()
+        if node is not None and node.saved is not None and graph_owned(node.saved, graphed):
+            live.append(ref)
+    entry.pending = live
+    if not live and not graph_owned([inputs[k] for kind, k in entry.part.saved_from if kind == "input"], graphed):
+        return graphed
+    entry.stats["forward_direct"] = n = entry.stats.get("forward_direct", 0) + 1
+    if n == 1:                              # (logged once)
+        entry.log("cudagraphs", entry.name, f"{entry.name}_forward: a backward still to run reads saved "
+                  "tensors in the memory its CUDA graph writes; such calls run the forward artifact "
+                  "directly instead of replaying over them")
+    return entry.direct
+
+
 def run(entry: TrainingEntry, args, kwargs, consts, inputs=None):
     """One compiled training call: the forward artifact, then the results wired into autograd.
     `inputs`: the call's tensors (dynamic: then the carriers of its int arguments)."""
     inputs = input_tensors(args, kwargs) if inputs is None else inputs
     part, joint = entry.part, entry.joint
+    forward = entry.forward if entry.direct is None or entry.direct is entry.forward else \
+        _forward_call(entry, inputs)
     with autograd.no_grad():
-        outs = entry.forward(list(inputs) + list(consts))
+        outs = forward(list(inputs) + list(consts))
     by_name = {n.name: t for n, t in zip([n for n in part.forward.inputs if n.op == "constant"], consts)}
     saved = [inputs[k] if kind == "input" else by_name[k] if kind == "constant" else outs[k]
              for kind, k in part.saved_from]
@@ -150,6 +192,8 @@ def run(entry: TrainingEntry, args, kwargs, consts, inputs=None):
             t.requires_grad, t._grad_fn, t._output_nr = True, node, nr
         if entry.dyn is not None:
             entry.dyn.attach(node, inputs, [user[k] for k in joint.diff])
+        if forward is not entry.direct and entry.direct is not None and graph_owned(saved, forward):
+            entry.pending.append(weakref.ref(node))
     # outputs that are inputs or views of them are rebuilt from the inputs, under autograd
     return unflatten(joint.spec, iter(user), inputs)
 

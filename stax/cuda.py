@@ -816,10 +816,13 @@ class CUDAGraph:
         return False
 
     def replay(self) -> None:
-        if self._exec is None:
+        graph_exec = self._exec
+        if graph_exec is None:
             raise RuntimeError("CUDAGraph.replay: nothing captured")
         st = _state
-        _check(st.lib.cuGraphLaunch(self._exec, st.stream.handle), "cuGraphLaunch")
+        rc = st.lib.cuGraphLaunch(graph_exec, st.stream.handle)
+        if rc != CUDA_SUCCESS:              # (tested inline: this runs on every replay, §9.9)
+            _check(rc, "cuGraphLaunch")
 
     def _destroy(self) -> None:
         st = _state

@@ -30,7 +30,11 @@ Where to look:
   - `GraphedCall` ............. warm-up call, recording, condition 2, copies into the recorded
                                 inputs, replay, the fallback state after a driver error
   - `GraphPool` ............... graph-owned memory, shared between graphs when safe
-  - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it
+  - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
+                                `keep` moves one still referenced out (a training backward's
+                                gradients, `GraphedCall(keep_outputs=True)`)
+  - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
+                                (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
 """
 from __future__ import annotations
@@ -38,10 +42,13 @@ from __future__ import annotations
 import re
 import threading
 import warnings
+import weakref
 from operator import is_ as _is
 
 from . import cuda
 from .tensor import Meta, Storage, Tensor
+
+_new = object.__new__
 
 # ---- §9.9 Data types: the driver seam, graph-owned memory, guarded outputs ----
 
@@ -80,12 +87,13 @@ def set_driver(driver):
 
 
 class _Generation:
-    """The replay count of one GraphedCall; outputs remember the count they were made at. Outputs
-    hold this cell, not the GraphedCall, so an output kept by the caller does not keep the graph."""
-    __slots__ = ("value",)
+    """The replay count of one GraphedCall (and its name, for the error); outputs remember the
+    count they were made at. Outputs hold this cell, not the GraphedCall, so an output kept by the
+    caller does not keep the graph."""
+    __slots__ = ("value", "name")
 
-    def __init__(self):
-        self.value = 0
+    def __init__(self, name=""):
+        self.value, self.name = 0, name
 
 
 class OverwrittenOutputError(RuntimeError):
@@ -96,17 +104,20 @@ class GraphOutputArray:
     """The storage of a tensor a replay returned: the graph's own device array, usable until the
     next replay overwrites it. Every read (`ptr`, `host()`, the interpreter's `host_array`) and
     write (`upload`) checks the generation first."""
-    __slots__ = ("_array", "_cell", "_gen", "_name", "count", "dtype")
+    __slots__ = ("_array", "_cell", "_gen", "__weakref__")
 
-    def __init__(self, array, cell: _Generation, name: str):
-        self._array, self._cell, self._gen, self._name = array, cell, cell.value, name
-        self.count, self.dtype = array.count, array.dtype
+    def __init__(self, array, cell: _Generation):
+        self._array, self._cell, self._gen = array, cell, cell.value
+
+    count = property(lambda self: self._array.count)      # (metadata: readable after a replay)
+    dtype = property(lambda self: self._array.dtype)
 
     def _live(self):
         if self._cell.value != self._gen:
+            name = self._cell.name
             raise OverwrittenOutputError(
-                f"this tensor is an output of a CUDA graph replay of {self._name} (stax.compile "
-                f"mode='reduce-overhead'), and a later call of {self._name} has overwritten it: a "
+                f"this tensor is an output of a CUDA graph replay of {name} (stax.compile "
+                f"mode='reduce-overhead'), and a later call of {name} has overwritten it: a "
                 "replay writes its outputs into the same graph-owned memory every time. To keep an "
                 "output across calls, copy it before the next call: `y = f(x).clone()`.")
         return self._array
@@ -124,6 +135,15 @@ class GraphOutputArray:
 
     def guards_intact(self) -> bool:
         return self._array.guards_intact()
+
+    def keep(self, driver) -> None:
+        """Move this output out of the graph's memory before a replay overwrites it: a copy of
+        its own (one device copy), read without a generation check from now on."""
+        array = self._live()
+        fresh = cuda.DeviceArray(array.count, array.dtype)
+        if array.count:
+            driver.copy(fresh.ptr, array.ptr, array.count * array.dtype.itemsize)
+        self._array, self._cell, self._gen = fresh, _Generation(self._cell.name), 0
 
 
 class GraphPool:
@@ -230,6 +250,17 @@ def static_reasons(graph, module) -> list:
     return reasons
 
 
+def graph_owned(tensors, graphed) -> bool:
+    """Whether any of `tensors` reads the memory that `graphed`'s next replay overwrites (an
+    output of its last replay; aot_autograd: a forward's saved tensors)."""
+    cell = graphed.cell
+    for t in tensors:
+        a = t._storage.data
+        if a.__class__ is GraphOutputArray and a._cell is cell and a._gen == cell.value:
+            return True
+    return False
+
+
 def mutated_positions(graph) -> frozenset:
     """The argument positions the artifact writes to (in-place updates of inputs): those are
     never copied into graph-owned buffers, since the write must reach the caller's tensor."""
@@ -265,6 +296,9 @@ class Recording:
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
         self.outs = outs
         static = {id(t._storage) for i, t in enumerate(record_inputs) if i not in staged}
+        # a replay output of another graph, recorded through its raw array: an output viewing it
+        # is made over the caller's storage, which keeps the generation check
+        unwrapped = {id(t._storage): a._storage for t, a in zip(record_inputs, args) if t._storage is not a._storage}
         self.owned = []                    # graph-owned storages the outputs read
         self.plan = []                     # per output: (None, value) | (index in owned, meta)
         seen = {}
@@ -272,29 +306,37 @@ class Recording:
             if o.__class__ is not Tensor:
                 self.plan.append((None, o))
             elif id(o._storage) in static:  # a view of the caller's input, at its recorded address
-                self.plan.append((None, o))
+                st = unwrapped.get(id(o._storage))
+                self.plan.append((None, o if st is None else Tensor._make(st, o._meta)))
             else:
                 k = seen.setdefault(id(o._storage), len(self.owned))
                 if k == len(self.owned):
                     self.owned.append(o._storage.data)
                 self.plan.append((k, o._meta))
+        # the common case, one output over one graph-owned buffer: its layout, else None
+        self.single = self.plan[0][1] if len(self.plan) == 1 and self.plan[0][0] == 0 else None
 
     def owned_ptrs(self) -> list:
         arrays = self.owned + [a for a, _ in self.staged.values()]
         return [a.buffer.ptr for a in arrays if getattr(a, "buffer", None) is not None]
 
-    def outputs(self, cell: _Generation, name: str) -> tuple:
+    def outputs(self, cell: _Generation) -> tuple:
         """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
-        make, owned = Tensor._make, self.owned
+        make, owned = Tensor._fresh, self.owned
         if len(owned) == 1:                # the common case: one graph-owned buffer
-            s = Storage(GraphOutputArray(owned[0], cell, name), "cuda")
+            a = _new(GraphOutputArray)     # (GraphOutputArray(owned[0], cell), without __init__'s call)
+            a._array, a._cell, a._gen = owned[0], cell, cell.value
+            s = Storage(a, "cuda")
+            if self.single is not None:
+                return (make(s, self.single),)
             return tuple([v if k is None else make(s, v) for k, v in self.plan])
-        storages = [Storage(GraphOutputArray(a, cell, name), "cuda") for a in owned]
+        storages = [Storage(GraphOutputArray(a, cell), "cuda") for a in owned]
         return tuple([v if k is None else make(storages[k], v) for k, v in self.plan])
 
     def close(self) -> None:
         self.graph = self.outs = self.inputs = None
         self.owned, self.staged, self.plan, self.seen, self.again = [], {}, [], [None] * self.n, None
+        self.single = None
         if self.pool is not None:
             self.pool.leave(self.key)
             self.pool = None
@@ -324,6 +366,10 @@ def record(call, args, staged_positions, pool, key):
                     array, nbytes, view = _stage(t, pool)
                     staged[i] = (array, nbytes)
                     t = view
+                elif t._storage.data.__class__ is GraphOutputArray:
+                    # another graph's output (a forward's saved tensor): the graph reads its memory
+                    # at this address on every replay, whatever the generation of this tensor
+                    t = Tensor._make(Storage(t._storage.data._live(), "cuda"), t._meta)
                 record_inputs.append(t)
             with graph:
                 outs = call(list(record_inputs))
@@ -349,50 +395,79 @@ class GraphedCall:
     records the launch sequence and replays it; later calls replay when condition 2 holds: the
     same number of inputs with the recorded shapes and strides, and each input at its recorded
     address. An input that moved is copied into a graph-owned buffer (the graph is recorded
-    again once, reading that buffer); an input the artifact writes to that moved, or a layout
-    change, runs the artifact directly. A driver error while recording or replaying is reported
-    once, and the artifact runs directly from then on (the fallback state)."""
+    again once, reading that buffer; one already moved between the warm-up call and the second
+    is read from such a buffer from the first recording); an input the artifact writes to that
+    moved, or a layout change, runs the artifact directly. A driver error while recording or
+    replaying is reported once, and the artifact runs directly from then on (the fallback state).
+    `keep_outputs` (a training backward): outputs of the last replay still referenced when the
+    next one comes are first copied to memory of their own (`GraphOutputArray.keep`)."""
 
-    def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None):
+    def __init__(self, call, name: str, mutated: frozenset = frozenset(), log=None, keep_outputs=False):
         self.call, self.name, self.mutated, self.log = call, name, mutated, log
-        self.warmed = False
+        # keep_outputs (a backward's gradients, which `.grad` may hold across steps): weakrefs to
+        # the last replay's output arrays; those still referenced are copied out before a replay
+        self.held = [] if keep_outputs else None
+        self.warmed = False           # then the warm-up call's input addresses, then True
         self.rec = None
+        self.last = None              # the last call's `Recording.again`, if it passed condition 2 whole
         self.staged_positions = set()
         self.broken = None            # the driver's error, once recording or replay failed
-        self.cell = _Generation()
+        self.cell = _Generation(name)
         self.noted = set()            # log lines already given (each once)
         self.stats = {"direct": 0, "records": 0, "replays": 0, "copies": 0}
         self._lock = threading.Lock()
 
     def __call__(self, args):
         with self._lock:
+            return self._call(args)
+
+    def call_with_token(self, args):
+        """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
+        next call with these very tensors (None: that call must be checked as usual)."""
+        with self._lock:
+            return self._call(args), self.last
+
+    def replay_again(self, token):
+        """A call with the very tensors of the call that `call_with_token` gave `token` for (the
+        caller knows they are: `specialize.LastCall`), replayed without testing them again, if
+        no other call came in between and the recording is the same. None otherwise: call it
+        as usual."""
+        with self._lock:
             rec = self.rec
-            if rec is None or len(args) != rec.n:
-                return self._slow(args)
-            again = rec.again
-            if again is not None and all(map(_is, args, again[0])):
-                return self._replay(rec, args, again[1])     # the last call's very tensors
-            copies, seen, known = [], rec.seen, True
-            for i, t in enumerate(args):
-                st, m = t._storage, t._meta
-                c = seen[i]
-                if c is not None and c[0] is st and c[1] is m:   # the last call's tensor: known
-                    p = c[2]
-                else:
-                    if m.shape != rec.shapes[i] or m.stride != rec.strides[i]:
-                        return self._slow(args)
-                    p = t.data_ptr()          # an overwritten output raises here
-                    # (never cached: an output of ours must be checked on every call)
-                    seen[i] = None if st.data.__class__ is GraphOutputArray else (st, m, p)
-                    known = known and seen[i] is not None
-                if p != rec.ptrs[i]:
-                    if i not in rec.staged:
-                        return self._slow(args)
-                    copies.append((rec.ptrs[i], p, rec.staged[i][1]))
-            # a tensor's storage and layout never change, so the same tensors pass condition 2
-            # again with the same copies: one identity test per input next time
-            rec.again = (tuple(args), copies) if known else None
-            return self._replay(rec, args, copies)
+            if rec is None or self.last is not token or rec.again is not token:
+                return None
+            return self._replay(rec, token[0], token[1])
+
+    def _call(self, args):
+        self.last = None
+        rec = self.rec
+        if rec is None or len(args) != rec.n:
+            return self._slow(args)
+        again = rec.again
+        if again is not None and all(map(_is, args, again[0])):
+            self.last = again
+            return self._replay(rec, args, again[1])     # the last call's very tensors
+        copies, seen, known = [], rec.seen, True
+        for i, t in enumerate(args):
+            st, m = t._storage, t._meta
+            c = seen[i]
+            if c is not None and c[0] is st and c[1] is m:   # the last call's tensor: known
+                p = c[2]
+            else:
+                if m.shape != rec.shapes[i] or m.stride != rec.strides[i]:
+                    return self._slow(args)
+                p = t.data_ptr()          # an overwritten output raises here
+                # (never cached: an output of ours must be checked on every call)
+                seen[i] = None if st.data.__class__ is GraphOutputArray else (st, m, p)
+                known = known and seen[i] is not None
+            if p != rec.ptrs[i]:
+                if i not in rec.staged:
+                    return self._slow(args)
+                copies.append((rec.ptrs[i], p, rec.staged[i][1]))
+        # a tensor's storage and layout never change, so the same tensors pass condition 2
+        # again with the same copies: one identity test per input next time
+        rec.again = self.last = (tuple(args), copies) if known else None
+        return self._replay(rec, args, copies)
 
     @property
     def __globals__(self) -> dict:
@@ -402,24 +477,47 @@ class GraphedCall:
 
     def _replay(self, rec, args, copies):
         try:
+            if self.held:
+                self._keep_held()
             if copies:
+                copy = _DRIVER.copy
                 for dst, src, nbytes in copies:
                     if nbytes:
-                        _DRIVER.copy(dst, src, nbytes)
+                        copy(dst, src, nbytes)
             rec.graph.replay()
         except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
             self._break("replaying", e)
             return self._direct(args)
-        self.cell.value += 1          # every output of earlier replays is now overwritten
-        stats = self.stats
+        cell, stats = self.cell, self.stats
+        cell.value += 1               # every output of earlier replays is now overwritten
         stats["replays"] += 1
         if copies:
             stats["copies"] += len(copies)
-        return rec.outputs(self.cell, self.name)
+        outs = rec.outputs(cell)
+        if self.held is not None:
+            self.held = [weakref.ref(t._storage.data) for t in outs
+                         if t.__class__ is Tensor and t._storage.data.__class__ is GraphOutputArray]
+        return outs
+
+    def _keep_held(self) -> None:
+        """keep_outputs: the last replay's outputs someone still holds (a gradient in `.grad`, one
+        the engine is summing) move to memory of their own before this replay overwrites theirs."""
+        cell, held, self.held = self.cell, self.held, []
+        kept = 0
+        for ref in held:
+            array = ref()
+            if array is not None and array._cell is cell and array._gen == cell.value:
+                array.keep(_DRIVER)
+                kept += 1
+        if kept:
+            self.stats["kept"] = self.stats.get("kept", 0) + kept
+            self._note("kept", f"{self.name}: {kept} output(s) of the last replay were still referenced "
+                       "(a gradient kept in .grad): copied out of the graph's memory before the next "
+                       "replay, so they keep their values")
 
     def _direct(self, args):
         self.stats["direct"] += 1
-        return self.call(args)
+        return self.call(list(args))       # (a list: the wrapper clears it; `replay_again` has a tuple)
 
     def _note(self, what: str, text: str) -> None:
         if what not in self.noted:
@@ -429,10 +527,14 @@ class GraphedCall:
 
     def _slow(self, args):
         """No recording yet, or condition 2 failed: warm up, record (again), or run directly."""
-        if self.broken is not None or not self.warmed:
-            self.warmed = True
+        if self.broken is not None:
+            return self._direct(args)
+        if self.warmed is False:          # the warm-up call: its addresses, for `_stage_moved`
+            self.warmed = [t.data_ptr() for t in args]
             return self._direct(args)
         rec = self.rec
+        if rec is None and self.warmed is not True and len(args) == len(self.warmed):
+            self._stage_moved(args)
         if rec is not None:
             why = self._mismatch(rec, args)
             if why is not None:
@@ -443,6 +545,19 @@ class GraphedCall:
                        "on they are copied into graph-owned buffers before each replay")
             self.staged_positions |= moved
         return self._record(args)
+
+    def _stage_moved(self, args) -> None:
+        """The first recording: an input at another address than on the warm-up call (a new
+        batch each call) is copied into a graph-owned buffer from the start, so the graph is
+        recorded once. Not an input written in place, nor a replay's output (graph memory: the
+        same address on every replay)."""
+        moved = {i for i, (t, p) in enumerate(zip(args, self.warmed)) if i not in self.mutated and
+                 t.data_ptr() != p and t._storage.data.__class__ is not GraphOutputArray}
+        self.warmed = True
+        if moved:
+            self._note("moved", f"{self.name}: input(s) {sorted(moved)} moved since the warm-up call; "
+                       "they are copied into graph-owned buffers before each replay")
+            self.staged_positions |= moved
 
     def _mismatch(self, rec, args) -> str | None:
         if len(args) != rec.n:
@@ -514,16 +629,17 @@ class GraphedCall:
 _CPU_NOTED = [False]
 
 
-def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
+def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, keep_outputs=False):
     """`call` wrapped for replay from a CUDA graph (mode='reduce-overhead'), or `call` itself
-    when §9.9 does not apply, with a `cudagraphs` log line saying why."""
+    when §9.9 does not apply, with a `cudagraphs` log line saying why. `keep_outputs`: outputs
+    still referenced at the next replay are copied out first (a training backward's gradients)."""
     if not str(device).startswith("cuda"):
         if not _CPU_NOTED[0]:
             _CPU_NOTED[0] = True
             log("cudagraphs", name, "mode='reduce-overhead' on the CPU: CUDA graphs are a GPU "
                 "feature; the compiled C++ code runs as usual")
         return call
-    if dynamic:
+    if dynamic or any(getattr(s, "free_symbols", None) for n in graph.inputs for s in n.meta.shape):
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: dynamic mode (§10.4) "
             "serves many shapes from one artifact, and a graph replays one fixed shape")
         return call
@@ -538,4 +654,4 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log):
     if why is not None:
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: {why}")
         return call
-    return GraphedCall(call, name, mutated_positions(graph), log)
+    return GraphedCall(call, name, mutated_positions(graph), log, keep_outputs)

@@ -14,6 +14,8 @@ Where to look:
   - `floats_of`, `Rekey` .................... float arguments passed at run time (§10.4)
   - `mark_dynamic`, `mark_static` ........... PyTorch's marks on a tensor
   - `describe_change` ....................... which guard failed, in words (STAX_LOGS=recompiles)
+  - `LastCall` .............................. the memo of the last call's tensors (the host path
+                                              of a call with the same tensors again)
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import builtins
 import math
 import os
 import sys
+import weakref
+from operator import call as _call, is_ as _is
 
 import numpy as np
 
@@ -184,3 +188,53 @@ def describe_change(old, new) -> str:
             return f"argument {i}: a float passed at run time, or keyed by value"
         return f"argument {i} changed from {a[1:]!r} to {b[1:]!r}"
     return "the number of arguments changed"
+
+
+# ---- §2 The last call again: a key decided without being built (host time per call) ----
+
+
+class LastCall:
+    """The last call's tensors, held weakly, and what `CompiledFunction` decided for them (the
+    key's entry, the aliasing, the reads' guard values). A tensor's storage and layout never
+    change after it is made, so the very same tensors have the same key. `same` tests that (one
+    pass over the tensors, which also sees a tensor that requires grad now: that call takes the
+    training path); the caller checks the tracer, the matmul precision and the reads.
+
+    `run` is the entry's call without `_run`'s general steps, for an entry that needs none of
+    them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
+    (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
+    that call passed its condition 2 whole: these are the same tensors, so it replays at once."""
+    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again")
+
+    def __init__(self, args, reads, live, key, entry, alias):
+        self.refs = tuple([weakref.ref(a) for a in args])
+        self.reads, self.live, self.key, self.entry, self.alias = reads, live, key, entry, alias
+        call, self.spec, flat, consts, lifts, _, floats = entry
+        self.consts = list(consts)
+        self.call = call if flat is True and not lifts and not floats and alias is None else None
+        self.again, self.token = getattr(self.call, "call_with_token", None), None
+
+    def same(self, args, grad_enabled) -> bool:
+        """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
+        if len(args) != len(self.refs):
+            return False
+        if grad_enabled:
+            for a, r in zip(args, self.refs):
+                if r() is not a or a.requires_grad:
+                    return False
+            return True
+        return all(map(_is, args, map(_call, self.refs)))
+
+    def run(self, args):
+        outs = None
+        if self.token is not None:
+            outs = self.call.replay_again(self.token)
+        if outs is None:
+            inputs = list(args) + self.consts if self.consts else list(args)
+            if self.again is None:
+                outs = self.call(inputs)
+            else:
+                outs, self.token = self.again(inputs)
+        if self.spec is None:                 # one tensor returned
+            return outs[0]
+        return _capture.unflatten(self.spec, iter(outs), list(args))

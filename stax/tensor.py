@@ -139,6 +139,9 @@ def _meta(shape, dtype, device="cpu"):
     return Meta(shape, _contig(shape), dtype, device, 0)
 
 
+_new = object.__new__
+
+
 class Tensor:
     """A strided view of a Storage (eager), or a proxy holding a graph node (while tracing).
 
@@ -153,9 +156,18 @@ class Tensor:
 
     @classmethod
     def _make(cls, storage, meta, base=None, view_ops=(), node=None):
-        t = object.__new__(cls)
+        t = _new(cls)
         t._storage, t._meta, t._base, t._view_ops, t._node = storage, meta, base, list(view_ops), node
         t.requires_grad, t.grad, t._grad_fn = False, None, None     # §5 autograd (autograd.py)
+        return t
+
+    @staticmethod
+    def _fresh(storage, meta):
+        """`_make(storage, meta)` for a plain tensor (no base, views or node): a replay's outputs,
+        made on every call (§9.9 host time)."""
+        t = _new(Tensor)
+        t._storage, t._meta, t._base, t._view_ops, t._node = storage, meta, None, [], None
+        t.requires_grad, t.grad, t._grad_fn = False, None, None
         return t
 
     @classmethod

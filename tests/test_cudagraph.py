@@ -154,12 +154,12 @@ def test_copies_of_strided_inputs(fake, rng, layout):
             return t[0].expand(7, 12)
         return t[1:8, ::2]
     f = stax.compile(lambda x: stax.exp(x) * 2 + x.sum(0), mode="reduce-overhead")
-    for k in range(4):                     # warm-up, record, then two new addresses (copies)
+    for k in range(4):                     # warm-up, then three new addresses: copies from the record on
         a = base + k
         x = make(a)
         ref = np.exp(np.asarray(x.cpu(), np.float64)) * 2 + np.asarray(x.cpu(), np.float64).sum(0)
         assert_close(f(x).cpu(), ref, stax.float32)
-    assert graphed(f).stats["copies"] == 2
+    assert graphed(f).stats["copies"] == 3 and graphed(f).stats["records"] == 1
 
 
 def test_condition_2_count_and_layout_run_directly(fake, rng):
@@ -279,14 +279,15 @@ def test_same_tensors_again_still_copy_staged_inputs(fake, rng):
     f = stax.compile(chain, mode="reduce-overhead")
     w = cuda_randn(rng, 33)
     f(cuda_randn(rng, 7, 33), w)
-    f(cuda_randn(rng, 7, 33), w)             # recorded, then a new address: staged
+    f(cuda_randn(rng, 7, 33), w)             # another address than the warm-up's: recorded staged
     x = cuda_randn(rng, 7, 33)
     for k in range(4):                       # the same tensor object, its values rewritten
         x.copy_(stax.from_numpy((rng.standard_normal((7, 33)) + k).astype(np.float32)))
         assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
     g = graphed(f)
     assert g.rec.again is not None and g.rec.again[0][0] is x
-    assert g.stats["copies"] == 4 and fake.copies == 4      # each of the 4 calls copied x in
+    assert g.stats["copies"] == 5 and fake.copies == 5      # the recording call, then each of the 4
+    assert g.stats["records"] == 1
 
 
 def test_same_tensors_again_after_a_layout_miss(fake, rng):
@@ -304,6 +305,33 @@ def test_same_tensors_again_after_a_layout_miss(fake, rng):
     assert_close(z.cpu(), np.cos(np.cos(np.asarray(x.cpu(), np.float64)) + 1) + 1, stax.float32)
     with pytest.raises(cudagraph.OverwrittenOutputError):
         f(y)
+
+
+def test_the_last_calls_token_is_that_calls_own(fake, rng):
+    """`GraphedCall.replay_again` (the call with the last call's tensors, told so by
+    `specialize.LastCall`) replays only on the token of that very call: a call that ran directly
+    (an input written in place moved) leaves no token, so the next same call is checked again
+    and also runs directly, writing its own tensor, never the one recorded."""
+    def bump(x, y):
+        x.add_(y)
+        return x * 2
+    f = stax.compile(bump, mode="reduce-overhead")
+    x1, y = cuda_randn(rng, 4, 5), cuda_randn(rng, 4, 5)
+    for _ in range(3):                       # warm-up, record, replay with the same tensors
+        f(x1, y)
+    keep1 = x1.cpu().numpy().copy()
+    x2 = cuda_randn(rng, 4, 5)
+    expect = np.asarray(x2.cpu(), np.float64)
+    for _ in range(3):                       # the same new tensor three times: direct each time
+        out = f(x2, y)
+        expect = expect + np.asarray(y.cpu(), np.float64)
+        assert_close(x2.cpu(), expect, stax.float32)
+        assert_close(out.cpu(), expect * 2, stax.float32)
+    np.testing.assert_array_equal(x1.cpu().numpy(), keep1)
+    assert graphed(f).stats["direct"] == 4
+    for _ in range(2):                       # back to the recorded tensor: replays (token path)
+        f(x1, y)
+    assert_close(x1.cpu(), keep1.astype(np.float64) + 2 * np.asarray(y.cpu(), np.float64), stax.float32)
 
 
 def graphed_calls(cf):
@@ -342,7 +370,7 @@ def test_wrapper_memo_rechecks_what_can_change(rng):
     dead = stax.tensor(rng.standard_normal((5, 3)).astype(np.float32))
     cf(dead)
     del dead                                 # the memo holds its tensors weakly
-    assert cf._fast[0][0]() is None
+    assert cf._fast.refs[0]() is None
     assert_close(cf(x), ref * 3.0, stax.float32)
 
 
