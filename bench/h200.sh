@@ -24,11 +24,11 @@ tests)
 tests-par)
     # the same files in six pytest processes at once (16 host cores: Triton's compiles dominate)
     groups=("tests/test_gpu.py tests/test_conv.py tests/test_optim.py tests/test_export.py"
-            "tests/test_gpu_reductions.py tests/test_cudagraph.py tests/test_indexing.py tests/test_bucketing.py"
+            "tests/test_gpu_reductions.py tests/test_cudagraph.py tests/test_cudagraph_training.py tests/test_indexing.py tests/test_bucketing.py"
             "tests/test_attention.py"
             "tests/test_templates.py tests/test_auto_dynamic.py tests/test_data_dependent.py"
             "tests/test_soundness_guards.py tests/test_functional.py tests/test_ops_more.py tests/test_scans.py"
-            "tests/test_training.py tests/test_dynamic.py tests/test_float_scalars.py tests/test_fused_reductions.py ${STAX_H200_EXTRA:-}")
+            "tests/test_training.py tests/test_dynamic_training.py tests/test_dynamic.py tests/test_float_scalars.py tests/test_fused_reductions.py ${STAX_H200_EXTRA:-}")
     i=0
     for g in "${groups[@]}"; do
         STAX_CACHE_DIR=/tmp/stax-cache-$i timeout "${STAX_H200_LIMIT:-540}" python3 -m pytest -q -p no:cacheprovider \
