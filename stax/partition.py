@@ -101,6 +101,12 @@ def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
         except (RuntimeError, NotImplementedError) as e:
             # eager raises this only if a backward runs: run eagerly, so that it does the same
             raise GraphBreak(f"its backward cannot be traced ({e})") from None
+        except TypeError as e:
+            if not tracer.graph.unbacked:
+                raise
+            # static mode: a data-dependent size (nonzero's u0) is a bare symbol, which the
+            # gradients' shapes (expand, sum_to) cannot take: run eagerly (exact)
+            raise GraphBreak(f"its backward needs a data-dependent size as a number ({e})") from None
     nodes = []
     for g in grads:                         # each gradient its own buffer, never an input's
         node = None if g is None else tracer._node_of(g)

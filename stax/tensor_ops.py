@@ -240,7 +240,9 @@ def _getitem(x, key):
             x = unsqueeze(x, dim)
             dim += 1
         elif isinstance(k, _b.slice):
-            symbolic = _b.any(isinstance(v, SymbolicInt) for v in (x.shape[dim], k.start, k.stop))
+            # (a data-dependent size in static mode is a bare sympy symbol: no slice.indices either)
+            symbolic = _b.any(isinstance(v, SymbolicInt) or (v is not None and not isinstance(v, _b.int))
+                              for v in (x.shape[dim], k.start, k.stop))
             start, stop, step = _symbolic_indices(k, x.shape[dim]) if symbolic else k.indices(x.shape[dim])
             if step <= 0:
                 raise ValueError("step must be greater than zero")

@@ -132,3 +132,22 @@ def test_check_on_real_sizes_and_bad_inputs():
         stax.masked_select(_rand(4), _rand(4))
     with pytest.raises(NotImplementedError, match="weights"):
         stax.bincount(stax.from_numpy(np.arange(3)), weights=_rand(3))
+
+
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_slicing_a_data_dependent_size_in_static_mode(dynamic):
+    """nonzero's (u0, 1) result sliced and used as an index: in static mode too its size is a
+    SymInt (a TypeError from slice.indices before); training runs the function eagerly when its
+    backward would decide on u0, with eager's gradients."""
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((7, 3)).astype(np.float32)
+    mv = np.array([1, 0, 1, 1, 0, 1, 1], dtype=bool)
+
+    def f(x, m):
+        return (x[stax.nonzero(m)[:, 0]] * 2).sum()
+    x, m = stax.tensor(xv), stax.tensor(mv)
+    got = stax.compile(f, dynamic=dynamic)(x, m)
+    assert_close(got, np.float64(xv[mv].astype(np.float64).sum() * 2), stax.float32)
+    xg = stax.tensor(xv).requires_grad_()
+    stax.compile(f, dynamic=dynamic)(xg, m).backward()
+    assert_close(xg.grad, np.where(mv[:, None], 2.0, 0.0) * np.ones((7, 3)), stax.float32)
