@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import cublas
 from .autotune import next_pow2
 from .dtypes import float32
 from .ir import index_vars
@@ -345,19 +346,23 @@ xmask = xindex < xnumel
 acc = tl.load(@{partials}@ + (xindex), xmask)"""
 
 
-def _split_k_sum(index: int, group, sched, split: int) -> TemplateLaunch:
-    """Σ over the s partials of [s, batch, M, N], then the group's epilogue (after the sum)."""
+def _split_k_sum(index: int, group, sched, split: int, source: str = "partials") -> TemplateLaunch:
+    """Σ over the s partials of [s, batch, M, N], then the group's epilogue (after the sum).
+    split == 1: the epilogue alone, after an extern product (`{mm}_acc`, float32, from cuBLASLt)."""
     e = group.nodes[0]
     shape = tuple(int(s) for s in e.layout.shape)
     numel = math.prod(shape)
     k = TemplateKernel(index, group, sched, "[XBLOCK]")
     k.index64 = big = split * numel >= INT32_LIMIT or k.index64
-    k.reads[f"{e.name}_partials"] = True
-    k.scratch[f"{e.name}_partials"] = float32
+    partials = f"{e.name}_{source}"
+    k.reads[partials] = True
+    k.scratch[partials] = float32
     lines = _SUM_HEAD.format(numel=numel, to64=".to(tl.int64)" if big else "", split=split,
-                             partials=f"{e.name}_partials").split("\n")
+                             partials=partials).split("\n")
+    if split == 1:
+        lines[-2] = "# §9.8 the epilogue of the product cuBLASLt wrote (float32), as a kernel of its own"
     lines += [f"for z in range(1, {split}):",
-              f"    acc += tl.load(@{e.name}_partials@ + (z * {numel} + xindex), xmask)"]
+              f"    acc += tl.load(@{partials}@ + (z * {numel} + xindex), xmask)"] if split > 1 else []
     batch, (m, n) = shape[:-2], shape[-2:]
     dims = _output_dims(shape, f"((xindex // {n}) % {m})" if batch else f"(xindex // {n})", f"(xindex % {n})",
                         flat_batch=f"(xindex // {m * n})")
@@ -467,3 +472,70 @@ def mm_template(index: int, group, sched) -> tuple:
         return [plain], {}
     return ([_mm_kernel(index, group, sched, split), _split_k_sum(index + 1, group, sched, split)],
             {f"{e.name}_partials": (split * math.prod(shape), float32)})
+
+
+# ---- §9.8 The extern candidate: cuBLASLt (cublas.py), when installed ----
+
+
+@dataclass
+class ExternMM:
+    """cuBLASLt's branch of a template group: `extern_kernels.mm(a, b, out=..., ...)` writing the
+    group's result with a fused epilogue, or float32 into `{mm}_acc` (scratch) followed by the
+    epilogue as a Stax kernel (`kernel`)."""
+    a: object                        # buffer name or ReinterpretView (read in place)
+    b: object
+    out: str
+    bias: str | None
+    epilogue: str
+    compute: str
+    key: str                         # what decides the winner: the GEMM's tuning key and the epilogue
+    scratch: dict                    # {name: (numel, dtype)}
+    kernel: TemplateLaunch | None = None
+
+
+def _plain_operand(x, low) -> cublas.Operand:
+    _, dtype, layout = _operand(x, low)
+    return cublas.Operand(tuple(int(v) for v in layout.shape), tuple(int(v) for v in layout.stride), dtype.name)
+
+
+def _fused_epilogue(group, sched) -> tuple | None:
+    """(epilogue, bias, output node) when cuBLASLt can compute the whole group itself: no epilogue,
+    or one node that is relu / gelu(tanh) of the product, with or without a bias along N."""
+    e, nodes, low = group.nodes[0], group.nodes[1:], sched.lowered
+    if not nodes:
+        return "none", None, e
+    node = nodes[0]
+    if (len(nodes) != 1 or e.name not in sched.kernel_local or node.name in sched.kernel_local
+            or type(node).__name__ != "Pointwise" or node.dtype is not e.dtype
+            or tuple(node.layout.shape) != tuple(e.layout.shape)
+            or tuple(node.layout.stride) != tuple(e.layout.stride) or node.layout.offset != 0):
+        return None
+    match = cublas.epilogue_of(node, e.name, e.layout, e.dtype.name, lambda n: low.buffer(n).dtype.name)
+    return None if match is None else (match[0], match[1], node)
+
+
+def mm_extern(index: int, group, sched) -> ExternMM | None:
+    """cuBLASLt's branch for a template group, or None: the library is not installed, or it
+    cannot read these layouts (cublas.plan_matmul says why). `index` names the epilogue kernel."""
+    if not cublas.available():
+        return None
+    e, low = group.nodes[0], sched.lowered
+    a, b = (_plain_operand(x, low) for x in e.inputs)
+    shape = tuple(int(s) for s in e.layout.shape)
+    fused, compute = _fused_epilogue(group, sched), input_precision()
+    a_lay, b_lay = (_operand(x, low)[2] for x in e.inputs)
+    key = _tuning_key(e, a_lay, b_lay, 1) + f" epilogue={fused[0] if fused else 'kernel'}"
+    try:
+        if fused is not None:
+            kind, bias, node = fused
+            out = cublas.Operand(shape, tuple(int(s) for s in node.layout.stride), e.dtype.name)
+            cublas.plan_matmul(a, b, out, compute, kind, None if bias is None else e.dtype.name)
+            return ExternMM(e.inputs[0], e.inputs[1], node.name, bias, kind, compute, key, {})
+        acc = f"{e.name}_acc"
+        strides = tuple(int(s) for s in e.layout.stride)
+        cublas.plan_matmul(a, b, cublas.Operand(shape, strides, "float32"), compute)
+    except cublas.CublasError:
+        return None
+    kernel = _split_k_sum(index, group, sched, 1, source="acc")
+    return ExternMM(e.inputs[0], e.inputs[1], acc, None, "none", compute, key,
+                    {acc: (math.prod(shape), float32)}, kernel)
