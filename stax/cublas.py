@@ -170,20 +170,25 @@ def _flat_batch(op: Operand) -> tuple:
     return math.prod(s for s, _ in dims), dims[-1][1]
 
 
+def _col_major_ld(rows: int, cols: int, sr: int, sc: int) -> int | None:
+    """The leading dim of a [rows, cols] matrix that is column-major as it is, else None."""
+    if sr == 1 or rows == 1:
+        ld = sc if cols > 1 else max(rows, 1)
+        if ld >= max(rows, 1):
+            return ld
+    return None
+
+
 def _col_major(rows: int, cols: int, stride: tuple) -> tuple | None:
     """A [rows, cols] matrix with element strides (row, col) as cuBLAS sees it: (op, ld) of
     the column-major matrix it is (OP_N: itself, ld = column stride; OP_T: its transpose is
     column-major, ld = row stride); None when neither stride is 1. A size-1 dim's stride is free."""
     sr, sc = stride
-    if sr == 1 or rows == 1:
-        ld = sc if cols > 1 else max(rows, 1)
-        if ld >= max(rows, 1):
-            return OP_N, ld
-    if sc == 1 or cols == 1:
-        ld = sr if rows > 1 else max(cols, 1)
-        if ld >= max(cols, 1):
-            return OP_T, ld
-    return None
+    ld = _col_major_ld(rows, cols, sr, sc)
+    if ld is not None:
+        return OP_N, ld
+    ld = _col_major_ld(cols, rows, sc, sr)          # its transpose is column-major
+    return None if ld is None else (OP_T, ld)
 
 
 def plan_matmul(a: Operand, b: Operand, out: Operand, compute: str = "ieee", epilogue: str = "none",
@@ -208,20 +213,22 @@ def plan_matmul(a: Operand, b: Operand, out: Operand, compute: str = "ieee", epi
         raise CublasError("operands with different batch counts")
     if count >= 1 << 31:
         raise CublasError("more than 2^31 batches")
-    oa, ob, od = (_col_major(*x.shape[-2:], x.stride[-2:]) for x in (a, b, out))
-    if oa is None or ob is None or od is None:
+    oa, ob = (_col_major(*x.shape[-2:], x.stride[-2:]) for x in (a, b))
+    if oa is None or ob is None:
         raise CublasError("an operand with no unit stride along either matrix dim: cuBLASLt needs one")
-    if od[0] == OP_T:         # row-major out (Stax's): out^T[n, m] = b^T · a^T, ld = out's row stride
-        (ta, lda), (tb, ldb), swap = _flipped(ob), _flipped(oa), True
-        cm, cn = n, m
-        (sa, sb) = (batches[1][1], batches[0][1])
-    else:                     # column-major out: D = a · b as it is
-        (ta, lda), (tb, ldb), swap = oa, ob, False
-        cm, cn = m, n
-        (sa, sb) = (batches[0][1], batches[1][1])
-    if max(cm, cn, kk, lda, ldb, od[1]) >= 1 << 31:
+    ldd = _col_major_ld(n, m, out.stride[-1], out.stride[-2])
+    if ldd is not None:       # row-major out (Stax's): out^T[n, m] = b^T · a^T; a bias along N runs
+        (ta, lda), (tb, ldb), swap = _flipped(ob), _flipped(oa), True      # along D's rows, as cuBLASLt's
+        cm, cn, (sa, sb) = n, m, (batches[1][1], batches[0][1])
+    elif bias is None and _col_major_ld(m, n, *out.stride[-2:]) is not None:
+        (ta, lda), (tb, ldb), swap = oa, ob, False         # column-major out: D = a · b as it is
+        cm, cn, (sa, sb) = m, n, (batches[0][1], batches[1][1])
+        ldd = _col_major_ld(m, n, *out.stride[-2:])
+    else:
+        raise CublasError("an output that is neither row- nor column-major (or a column-major one with a bias)")
+    if max(cm, cn, kk, lda, ldb, ldd) >= 1 << 31:
         raise CublasError("a size or leading dim past 2^31")
-    return MatmulPlan(cm, cn, kk, ta, tb, lda, ldb, od[1], count, sa, sb, batches[2][1],
+    return MatmulPlan(cm, cn, kk, ta, tb, lda, ldb, ldd, count, sa, sb, batches[2][1],
                       CUDA_TYPES[a.dtype], CUDA_TYPES[b.dtype], CUDA_TYPES[out.dtype],
                       COMPUTE[compute] if a.dtype == "float32" else COMPUTE["ieee"], EPILOGUES[epilogue],
                       None if bias is None else CUDA_TYPES[bias], swap)
@@ -426,6 +433,9 @@ class LtBinding:
         self._keep.append(algo)
         return algo
 
+    def stream(self) -> int:
+        return cuda.current_stream().ptr        # the one stream every Stax kernel runs on
+
     def matmul(self, desc, a_ptr: int, a, b_ptr: int, b, d_ptr: int, d, algo, stream: int) -> None:
         one, zero = self.ffi.new("float *", 1.0), self.ffi.new("float *", 0.0)
         vp = self.ffi.cast
@@ -507,7 +517,7 @@ def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> N
         lt.set_desc(desc, DESC_BIAS_POINTER, "uint64_t", ptrs[3])
         if plan.batch > 1:
             lt.set_desc(desc, DESC_BIAS_BATCH_STRIDE, "int64_t", 0)
-    lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo, cuda.current_stream().ptr)
+    lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo, lt.stream())
 
 
 # ---- §9.8 Alg. 9.1: the template against cuBLASLt ----
