@@ -2,7 +2,8 @@
 
 Layer: back end (GPU), beside the kernel forms: imports the kernel writer (`triton_kernel`: the
 printer, the kernel state) and the launch-time facts of templates (`template_tuning`: GROUP_M,
-split-K, precision). codegen_triton.py prints its text; triton_heuristics.py takes its
+split-K, precision), and `cublas` (can cuBLASLt run this GEMM, with which epilogue).
+codegen_triton.py prints its text; triton_heuristics.py takes its
 configurations from template_tuning.py, never from here (a warm start needs no printer).
 
 A matmul does not go through the loop IR: lowering leaves it as an `ExternKernel` (§6.1). On the
@@ -42,6 +43,8 @@ Where to look:
   - `_persistent_tma_kernel` ... `triton_persistent_tma_mm` (Hopper): one program per SM, TMA
                                  descriptors; measured against the grouped template (multi_kernel)
   - `mm_template` .............. the entry: the launches (`TemplateLaunch`), scratch buffers
+  - `mm_extern` ................ cuBLASLt's branch (cublas.py), when installed: its fused epilogue,
+                                 or the epilogue as a kernel after it (`_split_k_sum` with s = 1)
 """
 from __future__ import annotations
 
