@@ -125,7 +125,7 @@ def _log(text: str) -> None:
 
 
 @dataclass(frozen=True)
-class Operand:
+class MatrixLayout:
     """One matrix (or batch of them) as Stax lays it out: sizes and strides in elements."""
     shape: tuple
     stride: tuple
@@ -158,7 +158,7 @@ class MatmulPlan:
     swap: bool
 
 
-def _flat_batch(op: Operand) -> tuple:
+def _flat_batch(op: MatrixLayout) -> tuple:
     """(count, stride) of the batch dims flattened into one strided batch; None when they cannot
     be (a batch dim that is not `stride × size` of the next one)."""
     dims = [(s, st) for s, st in zip(op.shape[:-2], op.stride[:-2]) if s != 1]
@@ -191,7 +191,7 @@ def _col_major(rows: int, cols: int, stride: tuple) -> tuple | None:
     return None if ld is None else (OP_T, ld)
 
 
-def plan_matmul(a: Operand, b: Operand, out: Operand, compute: str = "ieee", epilogue: str = "none",
+def plan_matmul(a: MatrixLayout, b: MatrixLayout, out: MatrixLayout, compute: str = "ieee", epilogue: str = "none",
                 bias: str | None = None) -> MatmulPlan:
     """The plan of out = epilogue(a @ b [+ bias]), or CublasError saying why cuBLASLt cannot run it."""
     (m, kk), (kb, n) = a.shape[-2:], b.shape[-2:]
@@ -495,9 +495,9 @@ def set_binding(lt):
     return old
 
 
-def _operand(t) -> Operand:
+def _operand(t) -> MatrixLayout:
     m = t._meta
-    return Operand(tuple(m.shape), tuple(m.stride), m.dtype.name)
+    return MatrixLayout(tuple(m.shape), tuple(m.stride), m.dtype.name)
 
 
 def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> None:

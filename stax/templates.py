@@ -496,9 +496,9 @@ class ExternMM:
     kernel: TemplateLaunch | None = None
 
 
-def _plain_operand(x, low) -> cublas.Operand:
+def _plain_operand(x, low) -> cublas.MatrixLayout:
     _, dtype, layout = _operand(x, low)
-    return cublas.Operand(tuple(int(v) for v in layout.shape), tuple(int(v) for v in layout.stride), dtype.name)
+    return cublas.MatrixLayout(tuple(int(v) for v in layout.shape), tuple(int(v) for v in layout.stride), dtype.name)
 
 
 def _fused_epilogue(group, sched) -> tuple | None:
@@ -531,12 +531,12 @@ def mm_extern(index: int, group, sched) -> ExternMM | None:
     try:
         if fused is not None:
             kind, bias, node = fused
-            out = cublas.Operand(shape, tuple(int(s) for s in node.layout.stride), e.dtype.name)
+            out = cublas.MatrixLayout(shape, tuple(int(s) for s in node.layout.stride), e.dtype.name)
             cublas.plan_matmul(a, b, out, compute, kind, None if bias is None else e.dtype.name)
             return ExternMM(e.inputs[0], e.inputs[1], node.name, bias, kind, compute, key, {})
         acc = f"{e.name}_acc"
         strides = tuple(int(s) for s in e.layout.stride)
-        cublas.plan_matmul(a, b, cublas.Operand(shape, strides, "float32"), compute)
+        cublas.plan_matmul(a, b, cublas.MatrixLayout(shape, strides, "float32"), compute)
     except cublas.CublasError:
         return None
     kernel = _split_k_sum(index, group, sched, 1, source="acc")

@@ -138,7 +138,7 @@ def test_missing_package_is_not_a_candidate(monkeypatch):
 
 
 def _op(shape, stride, dtype="float32"):
-    return cublas.Operand(tuple(shape), tuple(stride), dtype)
+    return cublas.MatrixLayout(tuple(shape), tuple(stride), dtype)
 
 
 def _contig(shape):
