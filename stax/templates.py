@@ -21,8 +21,9 @@ partials in a fixed order and runs the epilogue; and the arguments of each launc
 
 float32 operands multiply as `set_float32_matmul_precision` says ("highest": IEEE, like PyTorch's
 default; "high"/"medium": TF32); float16/bfloat16 go through the tensor cores; the accumulator
-(ACC_TYPE) is float32 always. float8 operands are not offered: Stax has no float8 dtype (numpy
-has none, and eager Stax computes in numpy).
+(ACC_TYPE) is float32 always. float8 operands (`stax._scaled_mm`, torch's spelling: e4m3fn or e5m2,
+b column-major) go into tl.dot as they are (sm_89+), the sums float32, the scales applied first in
+the epilogue (`_scale_lines`).
 
 The epilogue hook (for every template; attention's score_mod is the same mechanism):
     k = TemplateKernel(index, group, sched, shape="[BLOCK_M, BLOCK_N]")
@@ -236,10 +237,24 @@ def _operand(name_or_view, lowered) -> tuple:
     return name_or_view.buffer, lowered.buffer(name_or_view.buffer).dtype, name_or_view.layout
 
 
+FLOAT8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _scaled_mm_applies(e, lowered) -> bool:
+    """stax._scaled_mm (float8 operands, float32 scales, 2-D) with static layouts."""
+    ops = [_operand(x, lowered) for x in e.inputs]
+    return (all(_static(lay) and sympy.sympify(lay.offset).is_Integer for _, _, lay in ops)
+            and all(d.name in FLOAT8_OPERANDS for _, d, _ in ops[:2])
+            and all(d is float32 for _, d, _ in ops[2:]) and len(e.layout.shape) == 2)
+
+
 def template_applies(e, lowered) -> bool:
-    """A float matmul with static sizes and at most 65535 batches runs as a template."""
-    if e.op != "matmul" or e.dtype.name not in TEMPLATE_DTYPES or not _static(e.layout):
+    """A float matmul with static sizes and at most 65535 batches runs as a template, and so does
+    a float8 `_scaled_mm` (§9.8: fp8 operands into tl.dot, float32 sums, the scales in the epilogue)."""
+    if e.op not in ("matmul", "scaled_mm") or e.dtype.name not in TEMPLATE_DTYPES or not _static(e.layout):
         return False
+    if e.op == "scaled_mm":
+        return _scaled_mm_applies(e, lowered)
     for _, dtype, layout in (_operand(x, lowered) for x in e.inputs):
         if not _static(layout) or not sympy.sympify(layout.offset).is_Integer or dtype is not e.dtype:
             return False
@@ -294,7 +309,7 @@ def _output_dims(shape: tuple, rows: str, cols: str, flat_batch: str = "bid") ->
 def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     """The tl.dot kernel: its epilogue fused when split == 1, else it stores float32 partials."""
     low, e = sched.lowered, group.nodes[0]
-    (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
+    (a_name, a_dtype, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs[:2])
     shape = tuple(int(s) for s in e.layout.shape)
     (m, n), kk, batch = shape[-2:], int(a.shape[-1]), shape[:-2]
     sa, sb = ([int(s) for s in x.stride] for x in (a, b))
@@ -308,12 +323,13 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
         a_index=_index(batch, sa, "rm[:, None]", "rk[None, :]", int(a.offset)),
         b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]", int(b.offset)), k_step=steps,
         a_step=" * ".join(_term(steps, sa[-1])) or "0", b_step=" * ".join(_term(steps, sb[-2])) or "0",
-        precision=f', input_precision="{input_precision()}"' if e.dtype.name == "float32" else "")
+        precision=f', input_precision="{input_precision()}"' if a_dtype.name == "float32" else "")
     if split == 1:
         acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
         dims = _output_dims(shape, "rm[:, None]", "rn[None, :]")
         k.partial_block = m == 1 or n == 1
-        epilogue = fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
+        scales = _scale_lines(k, e, low) if e.op == "scaled_mm" else []
+        epilogue = scales + fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
     else:     # partials [SPLIT_K, batch, M, N] in float32; the second kernel sums them
         k.writes[f"{e.name}_partials"] = True
         k.scratch[f"{e.name}_partials"] = float32
@@ -322,7 +338,7 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     name = f"triton_tem_fused_mm_{index}"
     numel_type = "i64" if big else "i32"
     hints = {"b": next_pow2(math.prod(batch)), "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(kk)}
-    meta = {"itemsize": e.dtype.itemsize, "tuning_key": _tuning_key(e, a, b, split)}
+    meta = {"itemsize": a_dtype.itemsize, "tuning_key": _tuning_key(e, a, b, split)}
     if split > 1:
         meta["SPLIT_K"] = split
     consts = [f"{c} : tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
@@ -334,8 +350,24 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     return TemplateLaunch(name, src, params, [math.prod(batch), m, n, kk])
 
 
+def _scale_lines(k: TemplateKernel, e, low) -> list:
+    """§9.8 _scaled_mm's scales, applied to the float32 sums before anything else of the epilogue:
+    one number each (tensor-wise), or a's per row and b's per column (row-wise)."""
+    (sa_name, _, sa), (sb_name, _, sb) = (_operand(x, low) for x in e.inputs[2:])
+    pa, pb = k.arg(sa_name, read=True), k.arg(sb_name, read=True)
+    if math.prod(int(d) for d in sa.shape) == 1:
+        return [f"acc = acc * tl.load({pa} + {int(sa.offset)}) * tl.load({pb} + {int(sb.offset)})"]
+    ia = " + ".join([str(int(sa.offset))] + _term("rm[:, None]", int(sa.stride[0])))
+    ib = " + ".join([str(int(sb.offset))] + _term("rn[None, :]", int(sb.stride[1])))
+    return [f"acc = acc * tl.load({pa} + ({ia}), mask=rm[:, None] < M, other=0.0)"
+            f" * tl.load({pb} + ({ib}), mask=rn[None, :] < N, other=0.0)"]
+
+
 def _tuning_key(e, a, b, split: int) -> str:
     """What decides the best blocks of a GEMM: sizes, operand layouts, dtype, precision, split."""
+    if e.op == "scaled_mm":
+        return (f"scaled_mm {e.dtype.name} out={tuple(e.layout.shape)} a={tuple(a.stride)}+{a.offset} "
+                f"b={tuple(b.stride)}+{b.offset} k={a.shape[-1]}")
     return (f"mm {e.dtype.name} out={tuple(e.layout.shape)} a={tuple(a.stride)}+{a.offset} "
             f"b={tuple(b.stride)}+{b.offset} k={a.shape[-1]} split={split} {input_precision()}")
 
@@ -469,6 +501,8 @@ def mm_template(index: int, group, sched) -> tuple:
     shape = tuple(int(s) for s in e.layout.shape)
     (m, n), kk = shape[-2:], int(a.shape[-1])
     split = split_k_factor(m, n, kk, math.prod(shape[:-2]), current_target().sm_count)
+    if e.op == "scaled_mm":       # float8: the grouped template alone (no split-K, no TMA form)
+        return [_mm_kernel(index, group, sched, 1)], {}
     if split == 1:
         plain = _mm_kernel(index, group, sched, 1)
         plain.alternative = _persistent_tma_kernel(index, group, sched)
@@ -520,9 +554,9 @@ def _fused_epilogue(group, sched) -> tuple | None:
 def mm_extern(index: int, group, sched) -> ExternMM | None:
     """cuBLASLt's branch for a template group, or None: the library is not installed, or it
     cannot read these layouts (cublas.plan_matmul says why). `index` names the epilogue kernel."""
-    if not cublas.available():
-        return None
     e, low = group.nodes[0], sched.lowered
+    if e.op != "matmul" or not cublas.available():
+        return None
     a, b = (_plain_operand(x, low) for x in e.inputs)
     shape = tuple(int(s) for s in e.layout.shape)
     fused, compute = _fused_epilogue(group, sched), input_precision()
