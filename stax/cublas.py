@@ -429,9 +429,8 @@ class LtBinding:
                     "cublasLtMatmulAlgoGetHeuristic")
         if count[0] == 0:
             raise CublasError("cublasLtMatmulAlgoGetHeuristic found no algorithm for this product")
-        algo = self.ffi.new("cublasLtMatmulAlgo_t *", results[0].algo)
-        self._keep.append(algo)
-        return algo
+        self._keep.append(results)
+        return self.ffi.addressof(results[0], "algo")
 
     def stream(self) -> int:
         return cuda.current_stream().ptr        # the one stream every Stax kernel runs on
@@ -450,14 +449,19 @@ def _alignment(ptr: int) -> int:
     return 256 if ptr % 256 == 0 else ptr & -ptr
 
 
-def build(lt, plan: MatmulPlan, aligns: tuple) -> tuple:
+def build(lt, plan: MatmulPlan, aligns: tuple, bias_ptr: int = 0) -> tuple:
     """The descriptors of one plan and the algorithm the heuristic picks for operands aligned to
-    `aligns` (bytes of cuBLAS's A, B, D, bias): (desc, A, B, D layouts, algo)."""
+    `aligns` (bytes of cuBLAS's A, B, D, bias): (desc, A, B, D layouts, algo). The heuristic reads
+    the bias pointer's alignment from the descriptor, so a bias is set before it is asked."""
     desc = lt.matmul_desc(plan.compute, CUDA_TYPES["float32"])
     lt.set_desc(desc, DESC_TRANSA, "int32_t", plan.trans_a)
     lt.set_desc(desc, DESC_TRANSB, "int32_t", plan.trans_b)
     if plan.epilogue != EPILOGUES["none"]:
         lt.set_desc(desc, DESC_EPILOGUE, "uint32_t", plan.epilogue)
+    if plan.bias_type is not None:
+        lt.set_desc(desc, DESC_BIAS_POINTER, "uint64_t", bias_ptr)
+        if plan.batch > 1:       # one [N] bias for every batch
+            lt.set_desc(desc, DESC_BIAS_BATCH_STRIDE, "int64_t", 0)
     rows_a, cols_a = (plan.m, plan.k) if plan.trans_a == OP_N else (plan.k, plan.m)
     rows_b, cols_b = (plan.k, plan.n) if plan.trans_b == OP_N else (plan.n, plan.k)
     layouts = [lt.layout(plan.a_type, rows_a, cols_a, plan.lda), lt.layout(plan.b_type, rows_b, cols_b, plan.ldb),
@@ -474,6 +478,7 @@ def build(lt, plan: MatmulPlan, aligns: tuple) -> tuple:
 
 _LT = [None]            # the process's binding (loaded on the first extern call)
 _BUILT: dict = {}       # (plan, alignments) -> build(...)
+_PLANS: dict = {}       # the layouts of a call -> its plan
 
 
 def load():
@@ -492,6 +497,7 @@ def set_binding(lt):
     """Install another binding (tests: a fake recording its calls); returns the previous one."""
     old, _LT[0] = _LT[0], lt
     _BUILT.clear()
+    _PLANS.clear()
     return old
 
 
@@ -504,19 +510,19 @@ def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> N
     """`extern_kernels.mm`: out = epilogue(a @ b [+ bias]) by cuBLASLt on the default stream (the
     wrapper's line). a, b, out are "cuda" tensors (views allowed); bias a [N] vector."""
     lt = load()
-    plan = plan_matmul(_operand(a), _operand(b), _operand(out), compute, epilogue,
-                       None if bias is None else bias.dtype.name)
+    layouts = (_operand(a), _operand(b), _operand(out), compute, epilogue, None if bias is None else bias.dtype.name)
+    plan = _PLANS.get(layouts)
+    if plan is None:
+        plan = _PLANS[layouts] = plan_matmul(*layouts)
     first, second = (b, a) if plan.swap else (a, b)
     ptrs = (first.data_ptr(), second.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr())
     key = (plan, tuple(_alignment(p) for p in ptrs))
     built = _BUILT.get(key)
     if built is None:
-        built = _BUILT[key] = build(lt, plan, key[1])
+        built = _BUILT[key] = build(lt, plan, key[1], ptrs[3])
     desc, la, lb, ld, algo = built
-    if bias is not None:       # the bias pointer is a descriptor attribute: set at each call
+    if bias is not None:       # the bias pointer is a descriptor attribute: this call's
         lt.set_desc(desc, DESC_BIAS_POINTER, "uint64_t", ptrs[3])
-        if plan.batch > 1:
-            lt.set_desc(desc, DESC_BIAS_BATCH_STRIDE, "int64_t", 0)
     lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo, lt.stream())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -186,7 +187,10 @@ def test_plan_is_the_transposition_trick_with_its_descriptors():
     assert (plan.m, plan.n, plan.k, plan.swap) == (3, 7, 5, True)
     assert (plan.trans_a, plan.lda, plan.trans_b, plan.ldb, plan.ldd) == (cublas.OP_T, 5, cublas.OP_N, 5, 3)
     lt = FakeLt()
-    cublas.build(lt, plan, (16, 256, 8, 4))
+    cublas.build(lt, plan, (16, 256, 8, 4), bias_ptr=0x1004)
+    # the heuristic reads the bias pointer's alignment: it is set before the heuristic is asked
+    assert lt.calls.index(("set_desc", cublas.DESC_BIAS_POINTER, 0x1004)) < \
+        next(i for i, c in enumerate(lt.calls) if c[0] == "heuristic")
     assert ("desc", 77, 0) in lt.calls                       # CUBLAS_COMPUTE_32F_FAST_TF32
     assert ("set_desc", cublas.DESC_EPILOGUE, 6) in lt.calls  # CUBLASLT_EPILOGUE_RELU_BIAS
     assert ("layout", 0, 5, 3, 5) in lt.calls and ("layout", 0, 5, 7, 5) in lt.calls
@@ -210,6 +214,93 @@ def test_plan_is_the_transposition_trick_with_its_descriptors():
 def test_plan_refuses_what_cublas_cannot_read(a, b, out, kw, why):
     with pytest.raises(cublas.CublasError, match=why):
         cublas.plan_matmul(_op(*a), _op(*b), _op(*out), **kw)
+
+
+# ---- the cffi binding itself, over a fake C library ----
+
+
+class FakeCLib:
+    """libcublasLt's C functions as cffi hands them their arguments: out-parameters filled,
+    attribute buffers read back as the bytes the binding wrote."""
+
+    def __init__(self, ffi, fail=None):
+        self.ffi, self.fail, self.calls, self.n = ffi, fail, [], 0x1000
+
+    def _handle(self, out, ctype):
+        self.n += 0x10
+        out[0] = self.ffi.cast(ctype, self.n)
+        return 0
+
+    def cublasLtMatmulDescCreate(self, out, compute, scale):
+        self.calls.append(("desc", compute, scale))
+        return self._handle(out, "cublasLtMatmulDesc_t")
+
+    def cublasLtMatrixLayoutCreate(self, out, dtype, rows, cols, ld):
+        self.calls.append(("layout", dtype, rows, cols, ld))
+        return self._handle(out, "cublasLtMatrixLayout_t")
+
+    def cublasLtMatmulPreferenceCreate(self, out):
+        return self._handle(out, "cublasLtMatmulPreference_t")
+
+    def _attr(self, kind, obj, attr, buf, size):
+        raw = self.ffi.buffer(self.ffi.cast("char *", buf), size)[:]
+        self.calls.append((kind, attr, int.from_bytes(raw, "little", signed=True)))
+        return 0
+
+    def cublasLtMatmulDescSetAttribute(self, *a):
+        return self._attr("set_desc", *a)
+
+    def cublasLtMatrixLayoutSetAttribute(self, *a):
+        return self._attr("set_layout", *a)
+
+    def cublasLtMatmulPreferenceSetAttribute(self, *a):
+        return self._attr("pref", *a)
+
+    def cublasLtMatmulAlgoGetHeuristic(self, handle, desc, a, b, c, d, pref, requested, results, count):
+        count[0] = 1
+        results[0].algo.data[0] = 42
+        results[0].workspaceSize = 1024
+        return 0
+
+    def cublasLtMatmul(self, handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, ws, size, stream):
+        f = self.ffi
+        self.calls.append(("matmul", f.cast("float *", alpha)[0], int(f.cast("uintptr_t", A)), int(f.cast("uintptr_t", B)),
+                           f.cast("float *", beta)[0], int(f.cast("uintptr_t", D)), algo.data[0], size,
+                           int(f.cast("uintptr_t", stream))))
+        return self.fail or 0
+
+    def cublasLtGetStatusName(self, rc):
+        return self.ffi.new("char[]", b"CUBLAS_STATUS_NOT_SUPPORTED")
+
+
+def _binding(fail=None):
+    import cffi
+    lt = object.__new__(cublas.LtBinding)      # everything but dlopen and the driver
+    lt.ffi = cffi.FFI()
+    lt.ffi.cdef(cublas.CDEF)
+    lt.lib, lt.handle, lt._keep = FakeCLib(lt.ffi, fail), lt.ffi.NULL, []
+    lt.workspace = SimpleNamespace(data_ptr=lambda: 0xABC00)
+    return lt
+
+
+def test_the_cffi_binding_writes_what_cublaslt_reads():
+    lt = _binding()
+    assert lt.ffi.sizeof("cublasLtMatmulHeuristicResult_t") == 96     # cublasLt.h's struct
+    plan = cublas.plan_matmul(_op((4, 7, 5), (35, 5, 1)), _op((4, 5, 3), (15, 1, 5)), _op((4, 7, 3), _contig((4, 7, 3))),
+                              compute="tf32", epilogue="gelu_bias", bias="float32")
+    desc, la, lb, ld, algo = cublas.build(lt, plan, (256, 16, 8, 4), bias_ptr=0x5004)
+    calls = lt.lib.calls
+    assert ("set_desc", cublas.DESC_EPILOGUE, 36) in calls and ("set_desc", cublas.DESC_BIAS_POINTER, 0x5004) in calls
+    assert ("set_desc", cublas.DESC_TRANSA, plan.trans_a) in calls and ("set_desc", cublas.DESC_BIAS_BATCH_STRIDE, 0) in calls
+    assert [c for c in calls if c[0] == "set_layout"][:2] == [("set_layout", cublas.LAYOUT_BATCH_COUNT, 4),
+                                                          ("set_layout", cublas.LAYOUT_BATCH_STRIDE, 15)]
+    assert ("pref", cublas.PREF_MAX_WORKSPACE, cublas.WORKSPACE_BYTES) in calls
+    assert ("pref", cublas.PREF_ALIGN["b"], 16) in calls
+    lt.matmul(desc, 0x100, la, 0x200, lb, 0x300, ld, algo, 0x77)
+    assert calls[-1] == ("matmul", 1.0, 0x100, 0x200, 0.0, 0x300, 42, cublas.WORKSPACE_BYTES, 0x77)
+    bad = _binding(fail=15)
+    with pytest.raises(cublas.CublasError, match="CUBLAS_STATUS_NOT_SUPPORTED .15. in cublasLtMatmul"):
+        bad.matmul(*cublas.build(bad, plan, (256,) * 4)[:1], 0, la, 0, lb, 0, ld, algo, 0)
 
 
 # ---- which epilogue cuBLASLt fuses ----
