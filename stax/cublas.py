@@ -197,6 +197,8 @@ def plan_matmul(a: MatrixLayout, b: MatrixLayout, out: MatrixLayout, compute: st
     (m, kk), (kb, n) = a.shape[-2:], b.shape[-2:]
     if kk != kb or tuple(out.shape[-2:]) != (m, n):
         raise CublasError(f"shapes {a.shape} @ {b.shape} -> {out.shape} do not multiply")
+    if 0 in (m, n, kk):
+        raise CublasError("an empty product (the template writes its zeros)")
     if a.dtype != b.dtype or a.dtype not in CUDA_TYPES or out.dtype not in CUDA_TYPES:
         raise CublasError(f"cuBLASLt here multiplies float32/float16/bfloat16 alike, not {a.dtype} @ {b.dtype}")
     if out.dtype not in (a.dtype, "float32"):
