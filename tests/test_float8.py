@@ -73,7 +73,7 @@ def test_casts_saturate_and_keep_nan(dtype):
 
 
 def test_float8_takes_casts_views_and_scaled_mm_only():
-    x = stax.randn(4, 6).to(stax.float8_e4m3fn)
+    x = stax.ones(4, 6).to(stax.float8_e4m3fn)
     assert x.t().shape == (6, 4) and x[1:3].dtype is stax.float8_e4m3fn
     with pytest.raises(RuntimeError, match='"add" is not implemented for float8 .Float8_e4m3fn.*to.stax.float32'):
         x + 1
@@ -128,7 +128,7 @@ def test_scaled_mm_epilogue_fuses_and_special_values_decode(rng):
     codes = np.array([0x01, 0x07, 0x7E, 0xFE, 0x80, 0x38, 0x08, 0x40] * 8, np.uint8)   # 64 codes
     a = stax.from_numpy(e4[codes].reshape(8, 8)).to(stax.float8_e4m3fn)
     w = _f8(rng, (11, 8))
-    bias = stax.randn(11)
+    bias = stax.from_numpy(rng.standard_normal(11).astype(np.float32))
     sa, sb = stax.tensor(1.0), stax.tensor(0.125)
 
     def fn(a, b, sa, sb, bias):
