@@ -44,6 +44,7 @@ Where to look:
   - `_persistent_tma_kernel` ... `triton_persistent_tma_mm` (Hopper): one program per SM, TMA
                                  descriptors; measured against the grouped template (multi_kernel)
   - `mm_template` .............. the entry: the launches (`TemplateLaunch`), scratch buffers
+  - `_scaled_mm_applies`, `_scale_lines`  float8 `_scaled_mm`: fp8 operands, the scales' epilogue
   - `mm_extern` ................ cuBLASLt's branch (cublas.py), when installed: its fused epilogue,
                                  or the epilogue as a kernel after it (`_split_k_sum` with s = 1)
 """
@@ -241,9 +242,10 @@ FLOAT8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _scaled_mm_applies(e, lowered) -> bool:
-    """stax._scaled_mm (float8 operands, float32 scales, 2-D) with static layouts."""
+    """stax._scaled_mm (float8 operands, float32 scales, 2-D) with static layouts, on a GPU whose
+    tensor cores multiply float8 (sm_89+; elsewhere the eager product runs, on the host)."""
     ops = [_operand(x, lowered) for x in e.inputs]
-    return (all(_static(lay) and sympy.sympify(lay.offset).is_Integer for _, _, lay in ops)
+    return (current_target().cc >= 89 and all(_static(lay) and sympy.sympify(lay.offset).is_Integer for _, _, lay in ops)
             and all(d.name in FLOAT8_OPERANDS for _, d, _ in ops[:2])
             and all(d is float32 for _, d, _ in ops[2:]) and len(e.layout.shape) == 2)
 

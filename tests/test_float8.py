@@ -163,3 +163,15 @@ def test_a_float8_cast_in_a_compiled_function_runs_eagerly(rng):
     got = cf(x)
     assert cf.stats["eager_calls"] == 1
     np.testing.assert_array_equal(got.float().numpy(), x.to(stax.float8_e4m3fn).float().numpy())
+
+
+def test_before_sm89_the_product_runs_eagerly_on_the_host(monkeypatch, rng):
+    from stax import templates
+    from stax.triton_kernel import Target
+    monkeypatch.setattr(templates, "current_target", lambda: Target(108, 80))      # an A100
+    a, w = _f8(rng, (9, 40)), _f8(rng, (6, 40))
+    s = stax.tensor(0.5)
+    cf = stax.compile(lambda a, b, s: stax._scaled_mm(a, b, s, s, out_dtype=stax.float32))
+    got = cf(a.to("cuda"), w.to("cuda").t(), s.to("cuda"))
+    assert "extern_kernel('scaled_mm'" in cf.last_generated.wrapper and not cf.last_generated.kernels
+    assert_close(got.cpu().double(), _ref(a, w.t(), s, s), stax.float32, atol=1e-5)
