@@ -22,6 +22,7 @@ when torch is importable, torch.compile's time (triton.testing.do_bench) and the
 It also measures the host time per launch, the cold compile of a one-kernel function (after
 `import stax` and device start) and the same with the on-disk cache warm.
 
+`python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
 A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
 with both measured times.
@@ -268,6 +269,48 @@ def matmuls(names):
         rows.append(row)
         del args
     return rows
+
+
+FP8_SHAPES = [(8192, 8192, 8192), (4096, 4096, 14336), (64, 8192, 8192)]    # m, k, n
+
+
+def scaled_mms():
+    """stax._scaled_mm (float8 e4m3fn operands, tensor-wise scales, bfloat16 out: the Triton
+    template with fp8 into tl.dot) against torch._scaled_mm (cuBLASLt) on the same codes,
+    checked against each other; TFLOP/s."""
+    rows = []
+    for m, k, n in FP8_SHAPES:
+        rng = np.random.default_rng(0)
+        a = stax.from_numpy(rng.standard_normal((m, k), np.float32)).to(stax.float8_e4m3fn).to("cuda")
+        w = stax.from_numpy(rng.standard_normal((n, k), np.float32)).to(stax.float8_e4m3fn).to("cuda")
+        sa, sb = stax.tensor(0.5, device="cuda"), stax.tensor(0.25, device="cuda")
+        f = stax.compile(lambda a, b, sa, sb: stax._scaled_mm(a, b, sa, sb, out_dtype=stax.bfloat16))
+        out = f(a, w.t(), sa, sb)
+        ms = time_calls(f, [a, w.t(), sa, sb], iters=10)
+        row = {"workload": f"scaled_mm {m}x{k}x{n}", "stax_ms": ms, "stax_tflops": 2 * m * n * k / ms * 1e-9,
+               "kernels": list(f.last_generated.kernels)}
+        try:
+            import torch
+            import triton.testing
+            ta = torch.from_numpy(_codes(a)).cuda().view(torch.float8_e4m3fn)
+            tw = torch.from_numpy(_codes(w)).cuda().view(torch.float8_e4m3fn)
+            ts = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
+            ref = torch._scaled_mm(ta, tw.t(), *ts, out_dtype=torch.bfloat16)
+            tms = triton.testing.do_bench(lambda: torch._scaled_mm(ta, tw.t(), *ts, out_dtype=torch.bfloat16),
+                                          return_mode="median")
+            err = (ref.float().cpu().numpy() - out.float().cpu().numpy())
+            row.update(torch_ms=tms, torch_tflops=2 * m * n * k / tms * 1e-9, speedup=tms / ms,
+                       max_abs_diff=float(np.abs(err).max()))
+        except ImportError:
+            pass
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _codes(t) -> np.ndarray:
+    """The one-byte codes of a float8 Stax tensor (its storage), as a [rows, cols] uint8 array."""
+    return t.cpu()._storage.data.reshape(t.shape).copy()
 
 
 def _winner_text(c) -> str:
@@ -986,6 +1029,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"train": rows}, fh, indent=1)
+        return
+    if "fp8" in argv:                   # §9.8 float8 only: stax._scaled_mm against torch._scaled_mm
+        rows = scaled_mms()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"fp8": rows}, fh, indent=1)
         return
     if "launchbound" in argv:           # §9.9 only (issue 13)
         rows = launch_bound()
