@@ -129,10 +129,11 @@ def test_loader_searches_the_package_then_the_env_var(tmp_path, monkeypatch):
 
 def test_missing_package_is_not_a_candidate(monkeypatch):
     monkeypatch.setattr(cublas, "library_path", lambda: None)
+    monkeypatch.setattr(cublas, "_LT", [None])
     gen = stax.generate(lambda a, b: stax.relu(a @ b), stax.zeros(33, 17), stax.zeros(17, 9), device="cuda")
     assert "extern_kernels" not in gen.wrapper and "mm_choice" not in str(gen)
     with pytest.raises(cublas.CublasError, match="pip install stax\\[cublas\\]"):
-        cublas.set_binding(None) or cublas.load()
+        cublas.load()
 
 
 # ---- the plan: layouts, leading dims, batch ----
@@ -354,6 +355,7 @@ def test_other_epilogues_run_as_a_stax_kernel_after_cublas(fake, fn, shapes):
     (lambda a, b: a.transpose(-1, -2) @ b, [(3, 17, 7), (3, 17, 9)], stax.float32),
     (lambda a, b, c: (a @ b, stax.relu(a @ b + c)), [(9, 20), (20, 13), (13,)], stax.bfloat16),
 ])
+@pytest.mark.skipif(not cuda.interpreting(), reason="the fake reads host memory: Triton's interpreter's tensors")
 def test_extern_branch_computes_the_product(fake, fn, shapes, dtype, rng):
     args = [stax.from_numpy(rng.standard_normal(s).astype(np.float32)).to(dtype) for s in shapes]
     cf = stax.compile(fn)
