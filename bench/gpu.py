@@ -22,6 +22,11 @@ when torch is importable, torch.compile's time (triton.testing.do_bench) and the
 It also measures the host time per launch, the cold compile of a one-kernel function (after
 `import stax` and device start) and the same with the on-disk cache warm.
 
+`python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
+A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
+for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
+with both measured times.
+
 `python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
 with dynamic=True in the same run, both checked against each other, timed at the workload's size
 (the hint) in alternating rounds; prints the ratio dynamic / static (target <= 1.10 on every
@@ -38,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stax  # noqa: E402
-from stax import cuda  # noqa: E402
+from stax import cublas, cuda  # noqa: E402
 
 GB = 1e9
 
@@ -81,6 +86,21 @@ MATMULS = {
     "mm_splitk": (lambda a, b, c: a @ b + c, (64, 65536, 64), "bfloat16", "highest"),   # SPLIT_K
 }
 TORCH_MATMULS = {"mm_splitk": lambda a, b, c: a @ b + c}     # the others: relu(a @ b + c)
+MATMULS["split_k"] = MATMULS["mm_splitk"]                     # (the name the chapter's issue uses)
+TORCH_MATMULS["split_k"] = TORCH_MATMULS["mm_splitk"]
+
+
+def mm_winners(f) -> dict:
+    """Alg. 9.1's choice of each GEMM of a compiled function: the Triton template or cuBLASLt
+    (stax/cublas.py, when installed), with both measured times (None before the first call)."""
+    out = {}
+    for entry in f.artifacts.values():
+        names = getattr(entry[0], "__globals__", {}) if entry else {}
+        for name, v in names.items():
+            if isinstance(v, cublas.MatmulChoice):
+                ms = v.times or (None, None)
+                out[name] = {"winner": v.chosen, "template_ms": ms[0], "cublaslt_ms": ms[1]}
+    return out
 
 
 def make_input(spec, lib=stax, device="cuda"):
@@ -239,7 +259,8 @@ def matmuls(names):
         stax.set_float32_matmul_precision("highest")
         row = {"workload": name, "shape": [m, k, n], "dtype": dt, "precision": precision, "stax_ms": ms,
                "stax_tflops": 2 * m * n * k / ms * 1e-9, "stax_first_call_s": cold,
-               "kernels": list(f.last_generated.kernels)}
+               "kernels": list(f.last_generated.kernels),
+               "candidates": mm_winners(f) or "templates only (cuBLASLt not installed)"}
         row.update(_torch_matmul(name, (m, k, n), dt, precision))
         if "torch_default_ms" in row:
             row["speedup"] = row["torch_default_ms"] / ms
@@ -248,6 +269,55 @@ def matmuls(names):
         rows.append(row)
         del args
     return rows
+
+
+FP8_SHAPES = [(8192, 8192, 8192), (4096, 4096, 14336), (64, 8192, 8192)]    # m, k, n
+
+
+def scaled_mms():
+    """stax._scaled_mm (float8 e4m3fn operands, tensor-wise scales, bfloat16 out: the Triton
+    template with fp8 into tl.dot) against torch._scaled_mm (cuBLASLt) on the same codes,
+    checked against each other; TFLOP/s."""
+    rows = []
+    for m, k, n in FP8_SHAPES:
+        rng = np.random.default_rng(0)
+        a = stax.from_numpy(rng.standard_normal((m, k), np.float32)).to(stax.float8_e4m3fn).to("cuda")
+        w = stax.from_numpy(rng.standard_normal((n, k), np.float32)).to(stax.float8_e4m3fn).to("cuda")
+        sa, sb = stax.tensor(0.5, device="cuda"), stax.tensor(0.25, device="cuda")
+        f = stax.compile(lambda a, b, sa, sb: stax._scaled_mm(a, b, sa, sb, out_dtype=stax.bfloat16))
+        out = f(a, w.t(), sa, sb)
+        ms = time_calls(f, [a, w.t(), sa, sb], iters=10)
+        row = {"workload": f"scaled_mm {m}x{k}x{n}", "stax_ms": ms, "stax_tflops": 2 * m * n * k / ms * 1e-9,
+               "kernels": list(f.last_generated.kernels)}
+        try:
+            import torch
+            import triton.testing
+            ta = torch.from_numpy(_codes(a)).cuda().view(torch.float8_e4m3fn)
+            tw = torch.from_numpy(_codes(w)).cuda().view(torch.float8_e4m3fn)
+            ts = torch.tensor(0.5, device="cuda"), torch.tensor(0.25, device="cuda")
+            ref = torch._scaled_mm(ta, tw.t(), *ts, out_dtype=torch.bfloat16)
+            tms = triton.testing.do_bench(lambda: torch._scaled_mm(ta, tw.t(), *ts, out_dtype=torch.bfloat16),
+                                          return_mode="median")
+            err = (ref.float().cpu().numpy() - out.float().cpu().numpy())
+            row.update(torch_ms=tms, torch_tflops=2 * m * n * k / tms * 1e-9, speedup=tms / ms,
+                       max_abs_diff=float(np.abs(err).max()))
+        except ImportError:
+            pass
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _codes(t) -> np.ndarray:
+    """The one-byte codes of a float8 Stax tensor (its storage), as a [rows, cols] uint8 array."""
+    return t.cpu()._storage.data.reshape(t.shape).copy()
+
+
+def _winner_text(c) -> str:
+    if isinstance(c, str):
+        return c
+    return "; ".join(f"{v['winner']} (template {v['template_ms']:.3f} ms, cuBLASLt {v['cublaslt_ms']:.3f} ms)"
+                     if v["template_ms"] is not None else str(v["winner"]) for v in c.values())
 
 
 def indexing(names, bw):
@@ -967,6 +1037,12 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"train": rows}, fh, indent=1)
         return
+    if "fp8" in argv:                   # §9.8 float8 only: stax._scaled_mm against torch._scaled_mm
+        rows = scaled_mms()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"fp8": rows}, fh, indent=1)
+        return
     if "launchbound" in argv:           # §9.9 only (issue 13)
         rows = launch_bound()
         if json_path:
@@ -1045,14 +1121,14 @@ def main(argv):
         sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"
         print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {tm} | {sp} | {', '.join(r['kernels'])} |")
     if mm_rows:
-        print("\n| matmul | m×k×n | Stax TFLOP/s | torch default | torch max-autotune | default/Stax | max-autotune/Stax | kernels |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| matmul | m×k×n | Stax TFLOP/s | torch default | torch max-autotune | default/Stax | max-autotune/Stax | kernels | winner |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in mm_rows:
         nan = float("nan")
         print(f"| {r['workload']} ({r['dtype']}, {r['precision']}) | {'×'.join(map(str, r['shape']))} | "
               f"{r['stax_tflops']:.0f} | {r.get('torch_default_tflops', nan):.0f} | "
               f"{r.get('torch_max-autotune_tflops', nan):.0f} | {r.get('speedup', nan):.2f} | "
-              f"{r.get('speedup_max_autotune', nan):.2f} | {', '.join(r['kernels'])} |")
+              f"{r.get('speedup_max_autotune', nan):.2f} | {', '.join(r['kernels'])} | {_winner_text(r['candidates'])} |")
     conv_table(conv_rows)
     print(f"\nhost µs per compiled call (1 kernel): {per_call:.1f}; per kernel launch alone: {per_launch:.1f}; "
           f"the driver call under it: {per_driver:.1f}")

@@ -375,7 +375,9 @@ def _target(device: str) -> str:
     if device.startswith("cuda"):
         from . import cuda
         from .triton_kernel import debug_index_checks
+        from .cublas import available
         debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
+        debug += ",cublaslt" if available() else ""               # §9.8: the extern candidate printed
         if cuda.is_available():
             p = cuda.get_device_properties()
             return f"sm={p.sm_count},cc={p.cc},mm={_tuning._precision[0]}{debug}"

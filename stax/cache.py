@@ -658,7 +658,7 @@ def prelude() -> str:
 # that a warm start (runtime only) never imports the code generator (and sympy with it).
 _STORAGE_CTYPE = {"float32": "float", "float64": "double", "float16": "uint16_t", "bfloat16": "uint16_t",
                   "int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t",
-                  "int64": "int64_t", "bool": "bool"}
+                  "int64": "int64_t", "bool": "bool", "float8_e4m3fn": "uint8_t", "float8_e5m2": "uint8_t"}
 
 
 def storage_ctype(dtype) -> str:

@@ -171,6 +171,10 @@ class Tracer:
                     dynshape.wrap(meta.offset, env))
 
     def record(self, op, inputs, params, metas):
+        if op in ("to_dtype", "clone") and (metas[0].dtype.name.startswith("float8") or
+                                            inputs[0].dtype.name.startswith("float8")):
+            raise GraphBreak("a float8 cast runs eagerly (compiled code takes float8 only as the "
+                             "operands of stax._scaled_mm)")
         if self.graph.scalars:      # a run-time float argument enters the graph as its symbol (§10.4)
             inputs = [x.expr if isinstance(x, SymbolicFloat) else x for x in inputs]
             params = {k: v.expr if isinstance(v, SymbolicFloat) else v for k, v in params.items()}

@@ -32,13 +32,13 @@ import sympy
 from .ir import Scatter
 from .attention_kernels import attention_template, extern_spec, launch_numels
 from .conv_template import conv_applies, conv_template
-from .templates import mm_template, template_applies, tf32_operand_strides
+from .templates import mm_extern, mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
 from .triton_scan import scan_kernel
-from .wrapper import (extern_call, pydtype, pyint, pylit, pyname, pyshape, pysize, wrapper_launches,
-                      wrapper_prologue)
+from .wrapper import (extern_call, pyarg, pydtype, pyint, pylit, pyname, pyshape, pysize,
+                      wrapper_launches, wrapper_prologue)
 
 # ---- §6.1 Alg. 6.1 on the GPU ----
 
@@ -103,6 +103,7 @@ class TritonModule:
     wrapper: str
     schedule: object
     multi: dict = None               # multi_kernel_N -> the names of its alternative kernels
+    choices: dict = None             # mm_choice_N -> the key of its record (template or cuBLASLt)
 
     @property
     def source(self) -> str:
@@ -118,6 +119,8 @@ class TritonModule:
                  for name, text in self.kernels.items()]
         loads += [f"{pyname(name)} = async_compile.multi_kernel('{name}', [{', '.join(map(pyname, names))}])"
                   for name, names in (self.multi or {}).items()]
+        loads += [f"{pyname(name)} = async_compile.mm_choice('{name}', {pylit(key)})"
+                  for name, key in (self.choices or {}).items()]
         return "\n\n".join(loads + [self.wrapper])
 
     def __str__(self):
@@ -146,6 +149,9 @@ def _numel_text(text: str) -> str:
     for word in re.findall(r"[A-Za-z_]\w*", text):
         pyname(word)
     return text
+
+
+STREAM_LINE = "raw_stream0 = get_raw_stream(0)"
 
 
 def _alloc(name, layout, dtype) -> str:
@@ -188,46 +194,80 @@ def _attention_call(index: int, e, spec, operands, launch) -> list:
     return call
 
 
-def _template_calls(index, g, sched, call, new, allocated, multi, launch) -> int:
+def _template_calls(index, g, sched, call, new, allocated, multi, choices, launch) -> int:
     """The launches of one 'template' group (§9.8): its scratch (split-K partials), its kernels
-    (a multi_kernel when the persistent TMA template competes); returns the next kernel index."""
+    (a multi_kernel when the persistent TMA template competes), and, where cuBLASLt is installed
+    and can run it, the extern branch measured against them (Alg. 9.1); returns the next index."""
     low = sched.lowered
     launches, scratch = mm_template(index, g, sched)
-    call += [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
-             for s, (n, d) in scratch.items()]
-    for t in launches:
+    extern = mm_extern(index + len(launches), g, sched)
+    for t in launches:            # the group's outputs, before either branch writes them
         fresh = [p for p in t.params if p not in allocated | new | set(scratch) | set(low.scalars)]
         call += [_alloc(p, low.buffer(p).layout, low.buffer(p).dtype) for p in fresh]
         new |= set(fresh)
+    body = [f"{pyname(s)} = empty_strided_cuda(({pyint(n)},), (1,), stax.{pydtype(d)})"
+            for s, (n, d) in scratch.items()]
+    for t in launches:
         sources, runner = {t.name: t.source}, t.name
         if t.alternative is not None:      # Alg. 9.1 measures both at the first launch
             assert t.alternative.params == t.params, (t.params, t.alternative.params)
             sources[t.alternative.name] = t.alternative.source
             runner = f"multi_kernel_{index}"
             multi[runner] = [t.name, t.alternative.name]
-        launch(call, sources, runner, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
+        launch(body, sources, runner, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
         index += 1
     if scratch:
-        call.append(f"del {', '.join(pyname(s) for s in scratch)}")
-    return index
+        body.append(f"del {', '.join(pyname(s) for s in scratch)}")
+    if extern is None:
+        call += body
+        return index
+    n = index - len(launches)
+    choice = f"mm_choice_{n}"
+    choices[choice] = extern.key
+    other = _extern_lines(extern, g, low, launch)
+    call += [line for line in body + other if line == STREAM_LINE]    # (defined outside both branches)
+    call += [f"# §9.8 Alg. 9.1: the Triton template or cuBLASLt, whichever the first call measures faster",
+             f"def template_{n}():"] + ["    " + line for line in body if line != STREAM_LINE]
+    call += [f"def extern_{n}():"] + ["    " + line for line in other if line != STREAM_LINE]
+    call.append(f"{choice}.run(template_{n}, extern_{n})")
+    return index + (extern.kernel is not None)
+
+
+def _extern_lines(x, g, low, launch) -> list:
+    """cuBLASLt's branch: `extern_kernels.mm(...)` (Inductor's spelling), then the epilogue kernel
+    when cuBLASLt does not fuse it."""
+    e = g.nodes[0]
+    lines = [_alloc(name, e.layout, d) for name, (_, d) in x.scratch.items()]
+    extra = (f", bias={pyname(x.bias)}" if x.bias else "") + (f", epilogue={pylit(x.epilogue)}"
+                                                             if x.epilogue != "none" else "")
+    lines.append(f"extern_kernels.mm({pyarg(x.a)}, {pyarg(x.b)}, out={pyname(x.out)}{extra}, "
+                 f"compute={pylit(x.compute)})")
+    if x.kernel is not None:
+        t = x.kernel
+        launch(lines, {t.name: t.source}, t.name, [pyname(o) for o in t.params] + [pysize(v) for v in t.numels])
+    if x.scratch:
+        lines.append(f"del {', '.join(pyname(s) for s in x.scratch)}")
+    return lines
 
 
 def generate(sched) -> TritonModule:
     """Print every fusion group as a Triton kernel (or a template, or a fallback call) + `call`."""
     low = sched.lowered
-    kernels, multi, calls, allocated = {}, {}, [], {b.name for b in low.inputs}
+    kernels, multi, choices, calls, allocated = {}, {}, {}, [], {b.name for b in low.inputs}
     index = 0                        # the N of each kernel's name
+    stream = []                      # [True] once raw_stream0 is defined
 
     def launch(call, sources: dict, runner: str, args: list):
-        if not kernels:
-            call.append("raw_stream0 = get_raw_stream(0)")     # before the first launch
+        if not stream:
+            call.append(STREAM_LINE)     # before the first launch
+            stream.append(True)
         kernels.update(sources)
         call.append(f"{pyname(runner)}.run({', '.join(args)}, stream=raw_stream0)")
 
     for g in sched.groups:
         call, new = [], set()
         if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
-            index = _template_calls(index, g, sched, call, new, allocated, multi, launch)
+            index = _template_calls(index, g, sched, call, new, allocated, multi, choices, launch)
         elif g.kind == "extern" and conv_applies(g.nodes[0], low):
             e = g.nodes[0]           # §9.8: a convolution runs as an implicit-GEMM Triton template
             name, src, operands, numels = conv_template(index, e, low)
@@ -264,4 +304,4 @@ def generate(sched) -> TritonModule:
                     new.add(n.name)
         allocated |= new
         calls.append((g.index, call, new))
-    return TritonModule(kernels, _wrapper(sched, calls), sched, multi)
+    return TritonModule(kernels, _wrapper(sched, calls), sched, multi, choices)

@@ -17,7 +17,7 @@ Where to look:
   - pointwise composites:    square, atan2, fmod, lerp, addcmul, addcdiv, clamp_min/max, masked_fill,
                              isclose, allclose, where (one argument)
   - reductions:              any, all, norm, linalg.vector_norm, var_mean, std_mean, count_nonzero
-  - products:                outer, einsum
+  - products:                outer, einsum, _scaled_mm (§9.8 float8, torch's spelling)
   - sorting and scans:       sort, argsort, topk, msort, cumprod, logcumsumexp, cummax, cummin
   - factories:               *_like with dtype=/device=, randint, linspace, logspace, new_*, type_as
   - aliases and in-place:    axis=/keepdims= on reductions; x.sqrt_(), x.lerp_(...), ...
@@ -30,7 +30,7 @@ import types
 from collections import namedtuple
 
 from . import tensor_ops as _t
-from .dtypes import _HALF, bool_, float32, float64, int8, int16, int64, uint8
+from .dtypes import _HALF, FLOAT8, bfloat16, bool_, float16, float32, float64, float8_e5m2, int8, int16, int64, uint8
 from .tensor import (Tensor, _meta, _op, _scalar, _wrap_dim, arange, empty, full, rand, randn,
                      result_type, tensor)
 from .tensor_ops import (_POINTWISE_FUNCTIONS, _downcast, _inplace, _upcast,
@@ -43,7 +43,7 @@ __all__ = """square atan2 arctan2 fmod round lerp addcmul addcdiv clamp_min clam
     allclose where any all norm var_mean std_mean count_nonzero outer ger einsum sort argsort topk msort
     cumsum cumprod logcumsumexp cummax cummin zeros_like ones_like full_like empty_like rand_like randn_like randint
     linspace logspace type_as
-    linalg sum mean amax amin prod var std logsumexp argmax argmin max min""".split()
+    linalg sum mean amax amin prod var std logsumexp argmax argmin max min _scaled_mm""".split()
 
 
 # ---- Pointwise composites (one fused kernel each) ----
@@ -566,3 +566,44 @@ def _tensor_getattr(self, name):
 
 
 Tensor.__getattr__ = _tensor_getattr
+
+
+# ---- §9.8 float8 matmul with scales (torch._scaled_mm) ----
+
+
+def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """torch._scaled_mm: (a @ b) · scale_a · scale_b for float8 `a` [m, k] (row-major) and `b`
+    [k, n] (column-major: `w.t()` of a row-major [n, k] weight, as cuBLASLt and Hopper's fp8 tensor
+    cores read it), with float32 scales: one each (tensor-wise) or scale_a [m, 1] and scale_b
+    [1, n] (row-wise). The products are exact, the sums float32 (`use_fast_accum` changes
+    nothing: Stax never accumulates in less); the result is rounded once to `out_dtype`."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.ndim == 2 and b.ndim == 2):
+        raise RuntimeError("_scaled_mm: mat1 and mat2 must be matrices (2-D tensors)")
+    if a.dtype not in FLOAT8 or b.dtype not in FLOAT8:
+        raise RuntimeError(f"_scaled_mm: expected float8 matrices (stax.float8_e4m3fn, stax.float8_e5m2), "
+                           f"got {a.dtype} and {b.dtype}: cast with .to(stax.float8_e4m3fn)")
+    if a.dtype is float8_e5m2 and b.dtype is float8_e5m2:
+        raise RuntimeError("_scaled_mm: multiplication of two Float8_e5m2 matrices is not supported")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise RuntimeError(f"_scaled_mm: mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})")
+    if a.stride(1) != 1 and k != 1:
+        raise RuntimeError(f"_scaled_mm: mat1 must be row-major (stride {a.stride()}); use a.contiguous()")
+    if b.stride(0) != 1 and k != 1:
+        raise RuntimeError(f"_scaled_mm: mat2 must be column-major, as in torch (stride {b.stride()}): pass "
+                           "w.t() of a row-major [n, k] weight, or b.t().contiguous().t()")
+    if out_dtype is None or out_dtype not in (float32, bfloat16, float16):
+        raise RuntimeError(f"_scaled_mm: out_dtype={out_dtype} is not supported here: pass out_dtype= "
+                           "stax.float32, stax.bfloat16 or stax.float16 (a float8 result: cast it after)")
+    if bias is not None or scale_result is not None:
+        raise RuntimeError("_scaled_mm: bias= and scale_result= are not supported: add the bias to "
+                           "the result (it fuses into the same kernel on the GPU)")
+    for name, s, want in (("scale_a", scale_a, (m, 1)), ("scale_b", scale_b, (1, n))):
+        if not isinstance(s, Tensor) or s.dtype is not float32:
+            raise RuntimeError(f"_scaled_mm: {name} must be a float32 tensor")
+        if s.numel() != 1 and tuple(s.shape) != want:
+            raise RuntimeError(f"_scaled_mm: {name} must have one element (tensor-wise) or shape "
+                               f"{list(want)} (row-wise), not {list(s.shape)}")
+    if (scale_a.numel() == 1) != (scale_b.numel() == 1):
+        raise RuntimeError("_scaled_mm: scale_a and scale_b must both be tensor-wise or both row-wise")
+    return _op("scaled_mm", [a, b, scale_a, scale_b], {}, _meta((m, n), out_dtype, _t._device(a, b)))

@@ -33,7 +33,7 @@ from .tensor import Tensor, current_tracer, full
 
 # ---- §3 The dtypes numpy and Stax share ----
 
-_TO_STAX = {np.dtype(name): d for name, d in DTYPES.items() if name != "bfloat16"}
+_TO_STAX = {np.dtype(name): d for name, d in DTYPES.items() if d.np == d.compute or d.name == "float16"}
 
 
 def _stax_dtype(npdt):

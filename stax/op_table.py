@@ -380,6 +380,9 @@ OPS = {d.name: d for d in [
     OpDef("sort", "other", 1, _sort, fallback=True),
     OpDef("argsort", "other", 1, _argsort, fallback=True),
     OpDef("matmul", "other", 2, np.matmul, cast_inputs=True, fallback=True),
+    # §9.8 torch._scaled_mm: float8 a [m, k] @ b [k, n] (exact products, float32 sums) times the
+    # float32 scales (one each, or a's per row and b's per column); on the GPU a Triton template
+    OpDef("scaled_mm", "other", 4, lambda a, b, sa, sb: np.matmul(a, b) * sa * sb, fallback=True),
     # inputs [x, weight] or [x, weight, bias]; on the GPU conv_template.py prints it as a template
     OpDef("conv2d", "other", 3, conv2d_numpy, cast_inputs=True, fallback=True),
     OpDef("cat", "other", 1, lambda xs, dim: np.concatenate(xs, axis=dim), cast_inputs=True),

@@ -30,7 +30,7 @@ import json
 import os
 from types import SimpleNamespace
 
-from . import cache, cuda, memory
+from . import cache, cublas, cuda, memory
 from .cache import storage_ctype
 from .dtypes import DTYPES
 from .tensor import Meta, Storage, Tensor, _meta, _numel, _run_eager, get_num_threads
@@ -119,6 +119,10 @@ class AsyncCompile:
         from .triton_heuristics import MultiKernel
         return MultiKernel(name, kernels)
 
+    def mm_choice(self, name, key):
+        """§9.8: the Triton template or cuBLASLt for one GEMM; the first call measures both."""
+        return cublas.MatmulChoice(name, key, self.options)
+
 
 def gpu_wrapper_globals(mode=None, options=None) -> dict:
     # the names the wrapper text spells `stax.cuda.device(0)` and `stax.float32` (Listing 9.6's
@@ -142,6 +146,7 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
     return {"stax": stax, "assert_size_stride": assert_size_stride,
             "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
+            "extern_kernels": SimpleNamespace(mm=cublas.mm),     # §9.8 cuBLASLt (when installed)
             "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor, **DTYPES}
 
 

@@ -113,7 +113,7 @@ def template_configs(numels: dict) -> list:
     m, n, k = (int(numels.get(f"{p}numel", 1)) for p in "mnk")
     itemsize, split = int(numels.get("itemsize", 4)), int(numels.get("SPLIT_K", 1))
     cap_m, cap_n = (max(16, next_pow2(v)) for v in (m, n))
-    cap_k = max(16, next_pow2(-(-k // split)))
+    cap_k = max(32 if itemsize == 1 else 16, next_pow2(-(-k // split)))    # (fp8 tl.dot: K ≥ 32)
     out = []
     for bm, bn, bk, warps, stages in ((64, 64, 32, 4, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 4),
                                       (64, 128, 32, 4, 4), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4),

@@ -2,7 +2,8 @@
 
 Layer: back end (GPU), beside the kernel forms: imports the kernel writer (`triton_kernel`: the
 printer, the kernel state) and the launch-time facts of templates (`template_tuning`: GROUP_M,
-split-K, precision). codegen_triton.py prints its text; triton_heuristics.py takes its
+split-K, precision), and `cublas` (can cuBLASLt run this GEMM, with which epilogue).
+codegen_triton.py prints its text; triton_heuristics.py takes its
 configurations from template_tuning.py, never from here (a warm start needs no printer).
 
 A matmul does not go through the loop IR: lowering leaves it as an `ExternKernel` (§6.1). On the
@@ -20,8 +21,9 @@ partials in a fixed order and runs the epilogue; and the arguments of each launc
 
 float32 operands multiply as `set_float32_matmul_precision` says ("highest": IEEE, like PyTorch's
 default; "high"/"medium": TF32); float16/bfloat16 go through the tensor cores; the accumulator
-(ACC_TYPE) is float32 always. float8 operands are not offered: Stax has no float8 dtype (numpy
-has none, and eager Stax computes in numpy).
+(ACC_TYPE) is float32 always. float8 operands (`stax._scaled_mm`, torch's spelling: e4m3fn or e5m2,
+b column-major) go into tl.dot as they are (sm_89+), the sums float32, the scales applied first in
+the epilogue (`_scale_lines`).
 
 The epilogue hook (for every template; attention's score_mod is the same mechanism):
     k = TemplateKernel(index, group, sched, shape="[BLOCK_M, BLOCK_N]")
@@ -42,6 +44,9 @@ Where to look:
   - `_persistent_tma_kernel` ... `triton_persistent_tma_mm` (Hopper): one program per SM, TMA
                                  descriptors; measured against the grouped template (multi_kernel)
   - `mm_template` .............. the entry: the launches (`TemplateLaunch`), scratch buffers
+  - `_scaled_mm_applies`, `_scale_lines`  float8 `_scaled_mm`: fp8 operands, the scales' epilogue
+  - `mm_extern` ................ cuBLASLt's branch (cublas.py), when installed: its fused epilogue,
+                                 or the epilogue as a kernel after it (`_split_k_sum` with s = 1)
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import cublas
 from .autotune import next_pow2
 from .dtypes import float32
 from .ir import index_vars
@@ -232,10 +238,25 @@ def _operand(name_or_view, lowered) -> tuple:
     return name_or_view.buffer, lowered.buffer(name_or_view.buffer).dtype, name_or_view.layout
 
 
+FLOAT8_OPERANDS = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _scaled_mm_applies(e, lowered) -> bool:
+    """stax._scaled_mm (float8 operands, float32 scales, 2-D) with static layouts, on a GPU whose
+    tensor cores multiply float8 (sm_89+; elsewhere the eager product runs, on the host)."""
+    ops = [_operand(x, lowered) for x in e.inputs]
+    return (current_target().cc >= 89 and all(_static(lay) and sympy.sympify(lay.offset).is_Integer for _, _, lay in ops)
+            and all(d.name in FLOAT8_OPERANDS for _, d, _ in ops[:2])
+            and all(d is float32 for _, d, _ in ops[2:]) and len(e.layout.shape) == 2)
+
+
 def template_applies(e, lowered) -> bool:
-    """A float matmul with static sizes and at most 65535 batches runs as a template."""
-    if e.op != "matmul" or e.dtype.name not in TEMPLATE_DTYPES or not _static(e.layout):
+    """A float matmul with static sizes and at most 65535 batches runs as a template, and so does
+    a float8 `_scaled_mm` (§9.8: fp8 operands into tl.dot, float32 sums, the scales in the epilogue)."""
+    if e.op not in ("matmul", "scaled_mm") or e.dtype.name not in TEMPLATE_DTYPES or not _static(e.layout):
         return False
+    if e.op == "scaled_mm":
+        return _scaled_mm_applies(e, lowered)
     for _, dtype, layout in (_operand(x, lowered) for x in e.inputs):
         if not _static(layout) or not sympy.sympify(layout.offset).is_Integer or dtype is not e.dtype:
             return False
@@ -290,7 +311,7 @@ def _output_dims(shape: tuple, rows: str, cols: str, flat_batch: str = "bid") ->
 def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     """The tl.dot kernel: its epilogue fused when split == 1, else it stores float32 partials."""
     low, e = sched.lowered, group.nodes[0]
-    (a_name, _, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs)
+    (a_name, a_dtype, a), (b_name, _, b) = (_operand(x, low) for x in e.inputs[:2])
     shape = tuple(int(s) for s in e.layout.shape)
     (m, n), kk, batch = shape[-2:], int(a.shape[-1]), shape[:-2]
     sa, sb = ([int(s) for s in x.stride] for x in (a, b))
@@ -304,12 +325,13 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
         a_index=_index(batch, sa, "rm[:, None]", "rk[None, :]", int(a.offset)),
         b_index=_index(batch, sb, "rk[:, None]", "rn[None, :]", int(b.offset)), k_step=steps,
         a_step=" * ".join(_term(steps, sa[-1])) or "0", b_step=" * ".join(_term(steps, sb[-2])) or "0",
-        precision=f', input_precision="{input_precision()}"' if e.dtype.name == "float32" else "")
+        precision=f', input_precision="{input_precision()}"' if a_dtype.name == "float32" else "")
     if split == 1:
         acc = Var("acc", e.dtype) if e.dtype.name == "float32" else Var(f"acc.to({TEMPLATE_DTYPES[e.dtype.name]})", e.dtype)
         dims = _output_dims(shape, "rm[:, None]", "rn[None, :]")
         k.partial_block = m == 1 or n == 1
-        epilogue = fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
+        scales = _scale_lines(k, e, low) if e.op == "scaled_mm" else []
+        epilogue = scales + fuse_epilogue(k, group.nodes[1:], dims, {e.name: acc})
     else:     # partials [SPLIT_K, batch, M, N] in float32; the second kernel sums them
         k.writes[f"{e.name}_partials"] = True
         k.scratch[f"{e.name}_partials"] = float32
@@ -318,7 +340,7 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     name = f"triton_tem_fused_mm_{index}"
     numel_type = "i64" if big else "i32"
     hints = {"b": next_pow2(math.prod(batch)), "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(kk)}
-    meta = {"itemsize": e.dtype.itemsize, "tuning_key": _tuning_key(e, a, b, split)}
+    meta = {"itemsize": a_dtype.itemsize, "tuning_key": _tuning_key(e, a, b, split)}
     if split > 1:
         meta["SPLIT_K"] = split
     consts = [f"{c} : tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
@@ -330,8 +352,24 @@ def _mm_kernel(index: int, group, sched, split: int) -> tuple:
     return TemplateLaunch(name, src, params, [math.prod(batch), m, n, kk])
 
 
+def _scale_lines(k: TemplateKernel, e, low) -> list:
+    """§9.8 _scaled_mm's scales, applied to the float32 sums before anything else of the epilogue:
+    one number each (tensor-wise), or a's per row and b's per column (row-wise)."""
+    (sa_name, _, sa), (sb_name, _, sb) = (_operand(x, low) for x in e.inputs[2:])
+    pa, pb = k.arg(sa_name, read=True), k.arg(sb_name, read=True)
+    if math.prod(int(d) for d in sa.shape) == 1:
+        return [f"acc = acc * tl.load({pa} + {int(sa.offset)}) * tl.load({pb} + {int(sb.offset)})"]
+    ia = " + ".join([str(int(sa.offset))] + _term("rm[:, None]", int(sa.stride[0])))
+    ib = " + ".join([str(int(sb.offset))] + _term("rn[None, :]", int(sb.stride[1])))
+    return [f"acc = acc * tl.load({pa} + ({ia}), mask=rm[:, None] < M, other=0.0)"
+            f" * tl.load({pb} + ({ib}), mask=rn[None, :] < N, other=0.0)"]
+
+
 def _tuning_key(e, a, b, split: int) -> str:
     """What decides the best blocks of a GEMM: sizes, operand layouts, dtype, precision, split."""
+    if e.op == "scaled_mm":
+        return (f"scaled_mm {e.dtype.name} out={tuple(e.layout.shape)} a={tuple(a.stride)}+{a.offset} "
+                f"b={tuple(b.stride)}+{b.offset} k={a.shape[-1]}")
     return (f"mm {e.dtype.name} out={tuple(e.layout.shape)} a={tuple(a.stride)}+{a.offset} "
             f"b={tuple(b.stride)}+{b.offset} k={a.shape[-1]} split={split} {input_precision()}")
 
@@ -345,19 +383,23 @@ xmask = xindex < xnumel
 acc = tl.load(@{partials}@ + (xindex), xmask)"""
 
 
-def _split_k_sum(index: int, group, sched, split: int) -> TemplateLaunch:
-    """Σ over the s partials of [s, batch, M, N], then the group's epilogue (after the sum)."""
+def _split_k_sum(index: int, group, sched, split: int, source: str = "partials") -> TemplateLaunch:
+    """Σ over the s partials of [s, batch, M, N], then the group's epilogue (after the sum).
+    split == 1: the epilogue alone, after an extern product (`{mm}_acc`, float32, from cuBLASLt)."""
     e = group.nodes[0]
     shape = tuple(int(s) for s in e.layout.shape)
     numel = math.prod(shape)
     k = TemplateKernel(index, group, sched, "[XBLOCK]")
     k.index64 = big = split * numel >= INT32_LIMIT or k.index64
-    k.reads[f"{e.name}_partials"] = True
-    k.scratch[f"{e.name}_partials"] = float32
+    partials = f"{e.name}_{source}"
+    k.reads[partials] = True
+    k.scratch[partials] = float32
     lines = _SUM_HEAD.format(numel=numel, to64=".to(tl.int64)" if big else "", split=split,
-                             partials=f"{e.name}_partials").split("\n")
+                             partials=partials).split("\n")
+    if split == 1:
+        lines[-2] = "# §9.8 the epilogue of the product cuBLASLt wrote (float32), as a kernel of its own"
     lines += [f"for z in range(1, {split}):",
-              f"    acc += tl.load(@{e.name}_partials@ + (z * {numel} + xindex), xmask)"]
+              f"    acc += tl.load(@{partials}@ + (z * {numel} + xindex), xmask)"] if split > 1 else []
     batch, (m, n) = shape[:-2], shape[-2:]
     dims = _output_dims(shape, f"((xindex // {n}) % {m})" if batch else f"(xindex // {n})", f"(xindex % {n})",
                         flat_batch=f"(xindex // {m * n})")
@@ -461,9 +503,78 @@ def mm_template(index: int, group, sched) -> tuple:
     shape = tuple(int(s) for s in e.layout.shape)
     (m, n), kk = shape[-2:], int(a.shape[-1])
     split = split_k_factor(m, n, kk, math.prod(shape[:-2]), current_target().sm_count)
+    if e.op == "scaled_mm":       # float8: the grouped template alone (no split-K, no TMA form)
+        return [_mm_kernel(index, group, sched, 1)], {}
     if split == 1:
         plain = _mm_kernel(index, group, sched, 1)
         plain.alternative = _persistent_tma_kernel(index, group, sched)
         return [plain], {}
     return ([_mm_kernel(index, group, sched, split), _split_k_sum(index + 1, group, sched, split)],
             {f"{e.name}_partials": (split * math.prod(shape), float32)})
+
+
+# ---- §9.8 The extern candidate: cuBLASLt (cublas.py), when installed ----
+
+
+@dataclass
+class ExternMM:
+    """cuBLASLt's branch of a template group: `extern_kernels.mm(a, b, out=..., ...)` writing the
+    group's result with a fused epilogue, or float32 into `{mm}_acc` (scratch) followed by the
+    epilogue as a Stax kernel (`kernel`)."""
+    a: object                        # buffer name or ReinterpretView (read in place)
+    b: object
+    out: str
+    bias: str | None
+    epilogue: str
+    compute: str
+    key: str                         # what decides the winner: the GEMM's tuning key and the epilogue
+    scratch: dict                    # {name: (numel, dtype)}
+    kernel: TemplateLaunch | None = None
+
+
+def _plain_operand(x, low) -> cublas.MatrixLayout:
+    _, dtype, layout = _operand(x, low)
+    return cublas.MatrixLayout(tuple(int(v) for v in layout.shape), tuple(int(v) for v in layout.stride), dtype.name)
+
+
+def _fused_epilogue(group, sched) -> tuple | None:
+    """(epilogue, bias, output node) when cuBLASLt can compute the whole group itself: no epilogue,
+    or one node that is relu / gelu(tanh) of the product, with or without a bias along N."""
+    e, nodes, low = group.nodes[0], group.nodes[1:], sched.lowered
+    if not nodes:
+        return "none", None, e
+    node = nodes[0]
+    if (len(nodes) != 1 or e.name not in sched.kernel_local or node.name in sched.kernel_local
+            or type(node).__name__ != "Pointwise" or node.dtype is not e.dtype
+            or tuple(node.layout.shape) != tuple(e.layout.shape)
+            or tuple(node.layout.stride) != tuple(e.layout.stride) or node.layout.offset != 0):
+        return None
+    match = cublas.epilogue_of(node, e.name, e.layout, e.dtype.name, lambda n: low.buffer(n).dtype.name)
+    return None if match is None else (match[0], match[1], node)
+
+
+def mm_extern(index: int, group, sched) -> ExternMM | None:
+    """cuBLASLt's branch for a template group, or None: the library is not installed, or it
+    cannot read these layouts (cublas.plan_matmul says why). `index` names the epilogue kernel."""
+    e, low = group.nodes[0], sched.lowered
+    if e.op != "matmul" or not cublas.available():
+        return None
+    a, b = (_plain_operand(x, low) for x in e.inputs)
+    shape = tuple(int(s) for s in e.layout.shape)
+    fused, compute = _fused_epilogue(group, sched), input_precision()
+    a_lay, b_lay = (_operand(x, low)[2] for x in e.inputs)
+    key = _tuning_key(e, a_lay, b_lay, 1) + f" epilogue={fused[0] if fused else 'kernel'}"
+    try:
+        if fused is not None:
+            kind, bias, node = fused
+            out = cublas.MatrixLayout(shape, tuple(int(s) for s in node.layout.stride), e.dtype.name)
+            cublas.plan_matmul(a, b, out, compute, kind, None if bias is None else e.dtype.name)
+            return ExternMM(e.inputs[0], e.inputs[1], node.name, bias, kind, compute, key, {})
+        acc = f"{e.name}_acc"
+        strides = tuple(int(s) for s in e.layout.stride)
+        cublas.plan_matmul(a, b, cublas.MatrixLayout(shape, strides, "float32"), compute)
+    except cublas.CublasError:
+        return None
+    kernel = _split_k_sum(index, group, sched, 1, source="acc")
+    return ExternMM(e.inputs[0], e.inputs[1], acc, None, "none", compute, key,
+                    {acc: (math.prod(shape), float32)}, kernel)

@@ -41,10 +41,12 @@ import numpy as np
 
 from .dtypes import (_ALIASES, _FROM_NP, _HALF, DTYPES, DType, _combine,  # noqa: F401 (re-exported)
                      _scalar_dtype, _to_compute_form, _to_storage_form, bfloat16, bool_, can_cast,
-                     float16, float32, float64, int8, int16, int32, int64, promote_types, uint8)
+                     float16, float32, float64, int8, int16, int32, int64, promote_types, uint8,
+                     FLOAT8, float8_e4m3fn, float8_e5m2)
 from .op_table import OPS, manual_seed, names  # noqa: F401 (manual_seed re-exported)
 
 __all__ = """DType Meta Storage Tensor DTYPES float32 float64 float16 bfloat16 int8 uint8 int16 int32 int64 bool_
+    float8_e4m3fn float8_e5m2
     promote_types result_type can_cast set_num_threads get_num_threads manual_seed tensor from_numpy
     set_default_device get_default_device
     zeros ones full empty zeros_like ones_like full_like arange rand randn""".split()
@@ -251,13 +253,13 @@ class Tensor:
         if self.device != "cpu":
             raise TypeError(f"can't convert {self.device}:0 device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
-        if self.dtype is bfloat16:
-            raise TypeError("Got unsupported ScalarType BFloat16")
+        if self.dtype is bfloat16 or self.dtype in FLOAT8:
+            raise TypeError(f"Got unsupported ScalarType {self.dtype._tname}")
         return self._np()
 
     def __array__(self, dtype=None, copy=None):
         self._need_data("__array__", user=True)
-        a = self._compute() if self.dtype is bfloat16 else self._np()
+        a = self._compute() if self.dtype is bfloat16 or self.dtype in FLOAT8 else self._np()
         return a if dtype is None else a.astype(dtype)
 
     def tolist(self):
@@ -425,6 +427,10 @@ EAGER = {name: d.eager for name, d in OPS.items() if d.eager is not None}
 def _dispatch(op, inputs, params, metas):
     """Run one primitive op: record it while tracing a proxy, else run EAGER[op] (or share storage)."""
     tracer = _TLS.tracer
+    if op not in _FLOAT8_OPS and (metas[0].dtype in FLOAT8 or _any_float8(inputs)):
+        raise RuntimeError(f'"{op}" is not implemented for float8 ({_float8_name(metas[0], inputs)}): '
+                           "float8 tensors take casts (.to), views and stax._scaled_mm; cast with "
+                           ".to(stax.float32) first")
     # a tracer that `lifts_constants` (capture.py's) records ops on real tensors too, making them
     # constant inputs: an op on a global tensor computed now would freeze its value, missing later
     # in-place updates of it
@@ -442,6 +448,19 @@ def _dispatch(op, inputs, params, metas):
     if _AUTOGRAD is not None:
         _AUTOGRAD.record(op, inputs, params, outs)
     return outs
+
+
+# §9.8: what runs on float8 tensors (as in PyTorch, no arithmetic): casts, copies, views, factories
+_FLOAT8_OPS = frozenset({"to_dtype", "clone", "scaled_mm"}) | VIEW_OPS | FACTORY_OPS
+
+
+def _any_float8(inputs) -> bool:
+    return any(x.__class__ is Tensor and x._meta.dtype in FLOAT8 for x in inputs)
+
+
+def _float8_name(meta, inputs) -> str:
+    d = next((x._meta.dtype for x in inputs if x.__class__ is Tensor and x._meta.dtype in FLOAT8), meta.dtype)
+    return d._tname
 
 
 # autograd.py's hooks (record, before_write, after_write), set when it is imported: the tensor

@@ -61,9 +61,11 @@ def current_target() -> Target:
 
 _TL = {"float32": "tl.float32", "float64": "tl.float64", "float16": "tl.float16",
        "bfloat16": "tl.bfloat16", "int8": "tl.int8", "uint8": "tl.uint8", "int16": "tl.int16",
-       "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1"}
+       "int32": "tl.int32", "int64": "tl.int64", "bool": "tl.int1",
+       "float8_e4m3fn": "tl.float8e4nv", "float8_e5m2": "tl.float8e5"}
 _SIG = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16", "int8": "*i8",
-        "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1"}
+        "uint8": "*u8", "int16": "*i16", "int32": "*i32", "int64": "*i64", "bool": "*i1",
+        "float8_e4m3fn": "*fp8e4nv", "float8_e5m2": "*fp8e5"}
 
 
 def tl_dtype(dtype) -> str:
