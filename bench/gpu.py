@@ -440,7 +440,7 @@ def host_overhead():
     out = stax.empty(1024, device="cuda")
     kernel.run(x, out, 1024, stream=None)
     cuda.synchronize()
-    _, grid, launcher, _ = kernel._fast
+    _, grid, launcher = kernel._fast
     ptrs = [x.data_ptr(), out.data_ptr(), 1024]
 
     def per(fn, n=2000):

@@ -91,12 +91,17 @@ class CublasError(RuntimeError):
 
 
 def _package_dirs() -> list:
-    """site-packages/nvidia/cublas/lib of the installed nvidia-cublas-cu12/-cu13 wheel, if any."""
-    try:
-        import nvidia.cublas as pkg            # a namespace package: no code runs
-    except ImportError:
-        return []
-    return [os.path.join(p, "lib") for p in getattr(pkg, "__path__", [])]
+    """The lib folders of an installed nvidia-cublas wheel: site-packages/nvidia/cublas/lib (CUDA
+    12's wheels), site-packages/nvidia/cu13/lib (CUDA 13's, which share one folder)."""
+    import importlib
+    dirs = []
+    for name in ("nvidia.cublas", "nvidia.cu13"):
+        try:
+            pkg = importlib.import_module(name)     # namespace packages: no code runs
+        except ImportError:
+            continue
+        dirs += [os.path.join(p, "lib") for p in getattr(pkg, "__path__", [])]
+    return dirs
 
 
 def library_path() -> str | None:

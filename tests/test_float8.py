@@ -113,11 +113,16 @@ def test_scaled_mm_eager_and_compiled(shapes, rowwise, dtypes_, out, rng):
 
     def fn(a, b, sa, sb):
         return stax._scaled_mm(a, b, sa, sb, out_dtype=out)
+    # Hopper's float8 MMA keeps about 14 bits of its float32 accumulator (measured on the H200:
+    # 3e-3 on a sum of 8.8 at K=70): on real hardware the bound is 2^-13 of the sum of |products|
+    mags = np.abs(_f64(a)) @ np.abs(_f64(w.t())) * np.abs(_f64(sa)) * np.abs(_f64(sb))
+    hw_tol = max(tol, 2.0 ** -13 * float(mags.max()))
     for device in ("cpu", "cuda"):
         cf = stax.compile(fn)
         got = cf(a.to(device), w.to(device).t(), sa.to(device), sb.to(device))
         assert cf.stats["eager_calls"] == 0
-        assert_close(got.cpu().double(), ref, out, atol=tol)
+        real_gpu = device == "cuda" and not stax.cuda.interpreting()
+        assert_close(got.cpu().double(), ref, out, atol=hw_tol if real_gpu else tol)
     assert "triton_tem_fused_mm_0" in cf.last_generated.kernels
     assert f"'in_ptr0': '*fp8e{'4nv' if dtypes_[0] is stax.float8_e4m3fn else '5'}'" in str(cf.last_generated)
 
