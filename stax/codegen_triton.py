@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import sympy
 
 from .ir import Scatter
-from .attention_kernels import attention_template, extern_spec, launch_numels
+from .attention_grad import backward_templates, bwd_extern_spec
+from .attention_kernels import _extern_operand, attention_template, extern_spec, launch_numels
 from .conv_template import conv_applies, conv_template
 from .templates import mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
@@ -176,15 +177,39 @@ def _fused_kernel(index: int, g, sched) -> tuple:
     return {name: src, name2: src2}, params, numels, [name, name2]
 
 
-def _attention_call(index: int, e, spec, operands, launch) -> list:
-    """§9.10: an `sdpa` node as the flash template; its LSE (the backward's) is scratch here."""
+def _attention_call(index: int, e, spec, operands, launch, low) -> list:
+    """§9.10: an `sdpa` node as the flash template. Its LSE is scratch, or, for a node recorded
+    with its LSE (training, params with_lse), the buffer of that `attn_lse` node (`_lse_paired`)."""
     name, src = attention_template(index, spec)
-    lse = f"{e.name}_lse"
-    call = [_alloc(e.name, e.layout, e.dtype),
-            f"{pyname(lse)} = empty_strided_cuda(({spec.dims[0] * spec.dims[1] * spec.dims[3]},), (1,), stax.float32)"]
+    call = [_alloc(e.name, e.layout, e.dtype)]
+    if e.params.get("with_lse"):
+        lse = _extern_operand(e.inputs[-1], low)[0]
+    else:
+        lse = f"{e.name}_lse"
+        call.append(f"{pyname(lse)} = empty_strided_cuda(({spec.dims[0] * spec.dims[1] * spec.dims[3]},), (1,), "
+                    "stax.float32)")
     launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name, lse]]
            + [str(int(n)) for n in launch_numels(spec)])
-    call.append(f"del {pyname(lse)}")
+    if not e.params.get("with_lse"):
+        call.append(f"del {pyname(lse)}")
+    return call
+
+
+def _lse_paired(e, low) -> bool:
+    """Is this `attn_lse` / `omni_lse` node written by the template launch of the attention node
+    that takes it as its LSE (attention.py records that node on the same inputs)? Then its group
+    only allocates it; the launch comes later (the attention node reads it)."""
+    if e.op not in ("attn_lse", "omni_lse"):
+        return False
+    return any(getattr(b, "params", {}).get("with_lse") and b.inputs and b.inputs[-1] == e.name
+               and extern_spec(b, low)[0] is not None for b in low.buffers)
+
+
+def _backward_call(index: int, e, bs, operands, launch) -> list:
+    """§9.10: an `attn_bwd` node as the two backward kernels, writing dQ, dK, dV into its one buffer."""
+    call = [_alloc(e.name, e.layout, e.dtype)]
+    for (name, src, numels), outs in zip(backward_templates(bs, index), ([e.name, e.name], [e.name])):
+        launch(call, {name: src}, name, [pyname(o) for o in operands + outs] + [str(int(n)) for n in numels])
     return call
 
 
@@ -238,7 +263,16 @@ def generate(sched) -> TritonModule:
         elif g.kind == "extern" and extern_spec(g.nodes[0], low)[0] is not None:
             e = g.nodes[0]           # §9.10: attention runs as the flash template
             spec, operands = extern_spec(e, low)
-            call += _attention_call(index, e, spec, operands, launch)
+            call += _attention_call(index, e, spec, operands, launch, low)
+            new.add(e.name)
+            index += 1
+        elif g.kind == "extern" and _lse_paired(g.nodes[0], low):
+            call.append(_alloc(g.nodes[0].name, g.nodes[0].layout, g.nodes[0].dtype))
+            new.add(g.nodes[0].name)
+        elif g.kind == "extern" and bwd_extern_spec(g.nodes[0], low)[0] is not None:
+            e = g.nodes[0]           # §9.10: the backward templates, P recomputed from the LSE
+            bs, operands = bwd_extern_spec(e, low)
+            call += _backward_call(index, e, bs, operands, launch)
             new.add(e.name)
             index += 1
         elif g.kind == "extern":
