@@ -133,7 +133,9 @@ _KERNELS: dict = {}          # kernel text -> its CachingAutotuner, or (ffi, lib
 
 
 def _operand(t):
-    return as_operand(t._meta.shape, t._meta.stride, t._meta.offset)
+    """The layout of a tensor a launch receives: its pointer already points at its first element
+    (data_ptr() includes the view's offset), so the Operand's offset is 0."""
+    return as_operand(t._meta.shape, t._meta.stride, 0)
 
 
 def _launch(spec, args: list):
@@ -460,7 +462,7 @@ def _sparse_args(spec, block_mask, q) -> list:
               (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                block_mask.full_kv_indices)]
     nb, ind = (as_operand(t._meta.shape if t.ndim == 4 else tuple(t.shape) + (1,),
-                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), t._meta.offset)
+                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), 0)
                for t in arrays[:2])
     spec.sparse = (*block_mask.BLOCK_SIZE, nb, ind)
     spec.mask_mod = trace_mod(block_mask.mask_mod, False)

@@ -135,6 +135,20 @@ def test_sdpa_backward_rank_3_and_non_contiguous(rng):
         assert_close(host(t.grad), r[0], stax.float64, **TOL["float32"])
 
 
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_views_of_one_packed_qkv_tensor(rng, dev):
+    """q, k, v as views at offsets of one [B, L, 3·H·E] tensor (a fused QKV projection): the
+    launches' pointers already include the offset (it was once counted twice on cuda)."""
+    x = randn(rng, (2, 11, 96), device=dev, grad=True)
+    q, k, v = x.reshape(2, 11, 3, 2, 16).permute(2, 0, 3, 1, 4)
+    w = randn(rng, (2, 2, 11, 16), device=dev)
+    (stax.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum().backward()
+    xs = host(x).reshape(2, 11, 3, 2, 16).transpose(2, 0, 3, 1, 4)
+    dq, dk, dv = ref_loss_grads(xs[0], xs[1], xs[2], host(w), causal=True)
+    ref = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(2, 11, 96)
+    assert_close(host(x.grad), ref, stax.float64, **TOL["float32"])
+
+
 def test_sdpa_grad_errors_say_what_to_do(rng):
     q = randn(rng, (1, 1, 4, 8), grad=True)
     mask = randn(rng, (4, 4), grad=True)
