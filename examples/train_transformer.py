@@ -76,8 +76,8 @@ def loss_fn(*args):
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def train(steps=40, compiled_model=True, verbose=True, device="cpu"):
-    tokens, targets = make_data(device=device)
+def train(steps=40, compiled_model=True, verbose=True, device="cpu", batch=64):
+    tokens, targets = make_data(n=batch, device=device)
     params = make_model(device=device)
     opt = stax.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
     # the parameters are arguments: a compiled function differentiates its inputs that require grad

@@ -20,6 +20,9 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
   codegen_triton.py prints the Triton template, codegen_cpp.py the C++ one.
 - `attention_backward` takes the same score_mod and block mask: ∂score_mod/∂score is traced
   through Stax's own autograd (`score_derivative`) and printed into the backward kernels.
+- On inputs that require grad both ops keep their LSE as the node's last input, and
+  `attention_grads` (op_table.DERIVATIVES's formula for `sdpa` and `omni_attn`) runs
+  attention_backward eagerly, or records one `attn_bwd` node in a compiled training step.
 - `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
   there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
   default for ≤ 16 queries when B·H programs cannot fill the SMs),
@@ -33,6 +36,7 @@ Where to look:
   - `omni_attention`, `_traced_omni` ......................... Listing 9.7; the graph node under compile
   - `score_derivative` ........................................ ∂score_mod/∂score by autograd
   - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
+  - `attention_grads`, `_sdpa_with_grad`, `_omni_with_grad` ...... autograd (§5): the saved LSE
 """
 from __future__ import annotations
 
@@ -84,11 +88,12 @@ def _check_qkv(q, k, v, enable_gqa: bool):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """softmax(q kᵀ · scale + mask) v, PyTorch's spelling (§9.10). A bool mask keeps where True,
-    a float mask adds; `is_causal` keeps key j ≤ query i. Inference only: dropout_p must be 0."""
+    a float mask adds; `is_causal` keeps key j ≤ query i. dropout_p must be 0. On inputs that
+    require grad the node keeps its LSE for the backward (the §5 section at the end)."""
     _check_qkv(query, key, value, enable_gqa)
     if dropout_p:
-        raise NotImplementedError("scaled_dot_product_attention: Stax has no dropout (inference "
-                                  "only); pass dropout_p=0.0")
+        raise NotImplementedError("scaled_dot_product_attention: Stax has no attention dropout; "
+                                  "pass dropout_p=0.0")
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
     inputs = [query, key, value]
@@ -751,6 +756,10 @@ def attention_grads(g, ins, out, p, op) -> tuple:
     if not p.get("with_lse"):
         raise NotImplementedError(f"stax autograd: this {op} node was recorded without its LSE; call "
                                   "scaled_dot_product_attention / omni_attention on inputs that require grad")
+    if is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in [g] + list(ins)):
+        # (the backward kernels record no history: a second derivative would silently be zero)
+        raise NotImplementedError(f"stax autograd: create_graph=True (a double backward) through {op} is "
+                                  "not supported; its backward kernels have no derivative")
     grads = (_traced_grads if current_tracer() is not None else _eager_grads)(g, ins, out, p, op)
     return grads + (None,) * (len(ins) - 3)
 
