@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_kernels import (PTR_TYPES, TL_DTYPES, AttentionSpec, ModBody, Operand, _expand_heads,
-                                _extern_operand, _full_head_dim, _next_pow2, apply_mask, as_operand,
+                                _extern_operand, _full_head_dim, _next_pow2, apply_mask,
                                 attention_scores, make_spec)
 
 
