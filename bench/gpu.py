@@ -689,6 +689,26 @@ def _attention_row(name, shape, causal, ms, kernels, torch_ms=None, flex_ms=None
     return row
 
 
+def _train_step_row(q, k, v, do, causal, flex_step_ms=None) -> dict:
+    """§5 + §9.10: a stax.compile'd sdpa on inputs that require grad, forward and backward
+    (the flash template saving its LSE, then the dK/dV and dQ kernels); FLOPs 3.5x the forward's."""
+    b, h, n, d = q.shape
+    step = stax.compile(lambda q, k, v, do: (stax.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                                             * do).sum())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def run():
+        for t in leaves:
+            t.grad = None
+        step(*leaves, do).backward()
+    run()
+    ms = time_calls(lambda *a: run(), [], iters=10)
+    row = _attention_row(f"train step d{d}", (b, h, n, n, d), causal, ms / 3.5, ["forward", "dkdv", "dq"],
+                         None, flex_step_ms / 3.5 if flex_step_ms else None)
+    row.update(stax_step_ms=ms, flex_step_ms=flex_step_ms)
+    return row
+
+
 def _backward_rows() -> list:
     """attention_backward (two kernels) against FlexAttention's backward (torch.compile'd, the
     forward's time subtracted), bf16, causal and not; FLOPs counted as 2.5x the forward's."""
@@ -715,11 +735,13 @@ def _backward_rows() -> list:
                                                return_mode="median")
                 flex_ms = both - fwd
             except Exception as e:          # no torch, or no FlexAttention in it
+                fwd = None
                 print(f"FlexAttention backward: {e}")
             row = _attention_row(f"backward d{d}", (b, h, n, n, d), causal, ms / 2.5, ["dkdv", "dq"],
                                  None, flex_ms / 2.5 if flex_ms else None)
             row.update(stax_backward_ms=ms, flex_backward_ms=flex_ms)
             rows.append(row)
+            rows.append(_train_step_row(q, k, v, do, causal, flex_ms + fwd if flex_ms else None))
         del q, k, v, do
     return rows
 

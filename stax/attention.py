@@ -20,6 +20,9 @@ Produces the attention output (and with `return_lse`, the LSE [B, H, M] the back
   codegen_triton.py prints the Triton template, codegen_cpp.py the C++ one.
 - `attention_backward` takes the same score_mod and block mask: ∂score_mod/∂score is traced
   through Stax's own autograd (`score_derivative`) and printed into the backward kernels.
+- On inputs that require grad both ops keep their LSE as the node's last input, and
+  `attention_grads` (op_table.DERIVATIVES's formula for `sdpa` and `omni_attn`) runs
+  attention_backward eagerly, or records one `attn_bwd` node in a compiled training step.
 - `kernel_options={"BACKEND": ...}` picks the implementation: "TRITON" (cuda tensors, the default
   there), "TRITON_DECODE" (≤ 64 queries: the keys split across programs, the triples merged; the
   default for ≤ 16 queries when B·H programs cannot fill the SMs),
@@ -33,6 +36,7 @@ Where to look:
   - `omni_attention`, `_traced_omni` ......................... Listing 9.7; the graph node under compile
   - `score_derivative` ........................................ ∂score_mod/∂score by autograd
   - `attention_backward` ...................................... dQ, dK, dV without N x N buffers
+  - `attention_grads`, `_sdpa_with_grad`, `_omni_with_grad` ...... autograd (§5): the saved LSE
 """
 from __future__ import annotations
 
@@ -41,13 +45,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention_kernels import (BackwardSpec, ModBody, apply_mask, as_operand, attention_scores, attention_template,
+from .attention_grad import BackwardSpec, backward_templates, grads_from_scores, packed_offsets
+from .attention_kernels import (ModBody, apply_mask, as_operand, attention_scores, attention_template,
                                 ModText, contiguous_operand,
-                                DECODE_MAX_QUERIES, backward_templates, cpp_template, decode_splits,
+                                DECODE_MAX_QUERIES, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
                                 sdpa_lse_numpy, triple_of, _expand_heads)
-from .autograd import is_grad_enabled
+from . import autograd
+from .autograd import is_grad_enabled, no_grad, record
 from .dtypes import float32, int32
 from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
 
@@ -82,11 +88,12 @@ def _check_qkv(q, k, v, enable_gqa: bool):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """softmax(q kᵀ · scale + mask) v, PyTorch's spelling (§9.10). A bool mask keeps where True,
-    a float mask adds; `is_causal` keeps key j ≤ query i. Inference only: dropout_p must be 0."""
+    a float mask adds; `is_causal` keeps key j ≤ query i. dropout_p must be 0. On inputs that
+    require grad the node keeps its LSE for the backward (the §5 section at the end)."""
     _check_qkv(query, key, value, enable_gqa)
     if dropout_p:
-        raise NotImplementedError("scaled_dot_product_attention: Stax has no dropout (inference "
-                                  "only); pass dropout_p=0.0")
+        raise NotImplementedError("scaled_dot_product_attention: Stax has no attention dropout; "
+                                  "pass dropout_p=0.0")
     if is_causal and attn_mask is not None:
         raise RuntimeError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
     inputs = [query, key, value]
@@ -97,6 +104,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         inputs.append(attn_mask)
     shape = tuple(query.shape[:-1]) + (value.shape[-1],)
     params = {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale)}
+    if _needs_grad(inputs):
+        return _sdpa_with_grad(inputs, params, shape, enable_gqa)
     if current_tracer() is None and query.device != "cpu" and _eager_template(inputs, is_causal, scale):
         return attention_forward(query, key, value, attn_mask, is_causal, scale, enable_gqa)[0]
     return _op("sdpa", inputs, params, _meta(shape, query.dtype, query.device))
@@ -129,7 +138,9 @@ _KERNELS: dict = {}          # kernel text -> its CachingAutotuner, or (ffi, lib
 
 
 def _operand(t):
-    return as_operand(t._meta.shape, t._meta.stride, t._meta.offset)
+    """The layout of a tensor a launch receives: its pointer already points at its first element
+    (data_ptr() includes the view's offset), so the Operand's offset is 0."""
+    return as_operand(t._meta.shape, t._meta.stride, 0)
 
 
 def _launch(spec, args: list):
@@ -456,7 +467,7 @@ def _sparse_args(spec, block_mask, q) -> list:
               (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
                block_mask.full_kv_indices)]
     nb, ind = (as_operand(t._meta.shape if t.ndim == 4 else tuple(t.shape) + (1,),
-                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), t._meta.offset)
+                          t._meta.stride if t.ndim == 4 else tuple(t._meta.stride) + (1,), 0)
                for t in arrays[:2])
     spec.sparse = (*block_mask.BLOCK_SIZE, nb, ind)
     spec.mask_mod = trace_mod(block_mask.mask_mod, False)
@@ -516,6 +527,8 @@ def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
                                f"{q.device} (build it with create_block_mask(..., device=q.device))")
         inputs += arrays
         params.update(mask_mod=_mod_text(block_mask.mask_mod, False), block=tuple(block_mask.BLOCK_SIZE))
+    if _needs_grad([q, k, v]):
+        return _traced_omni_grad(tracer, inputs, params, score_mod, _meta(tuple(q.shape), q.dtype, q.device))
     widen = q.device == "cpu" and q.dtype is not float32
     if widen:
         inputs[:3] = [t.to(float32) for t in inputs[:3]]
@@ -531,11 +544,9 @@ def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     _check_qkv(query, key, value, enable_gqa)
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
         raise RuntimeError("omni_attention: query, key and value must be [B, H, L, E] tensors")
-    if is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        # (a result detached from autograd would drop these inputs' gradients without a word)
-        raise NotImplementedError(
-            "omni_attention has no autograd formula yet: run the forward under stax.no_grad() with "
-            "return_lse=True and get dQ, dK, dV from stax.nn.attention.attention_backward(...)")
+    if _needs_grad((query, key, value)) and current_tracer() is None:
+        return _omni_with_grad(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+                               kernel_options)
     backend = _backend(kernel_options, query.device)
     if current_tracer() is not None:      # stax.compile: one graph node, printed as the template
         return _traced_omni(query, key, value, score_mod, block_mask, scale, return_lse, backend)
@@ -578,20 +589,8 @@ def _eager_mods(s, score_mod, block_mask) -> tuple:
 
 def _backward_numpy(do, q, k, v, o, lse, is_causal, scale, attn_mask=None, score_mod=None, block_mask=None):
     """float64: the same recomputation as the kernels; dS = P (dP - delta) ∂score_mod/∂S."""
-    h, hk = q.shape[-3], k.shape[-3]
     s, dmod, keep = _eager_mods(attention_scores(q, k, scale), score_mod, block_mask)
-    s = apply_mask(s, attn_mask, is_causal)
-    p = np.where(np.isneginf(s), 0.0, np.exp(s - lse[..., None]))    # (a row with no key: -inf - -inf)
-    kk, vv = (_expand_heads(x.astype(np.float64), h) for x in (k, v))
-    delta = (do * o).sum(-1, keepdims=True)
-    ds = p * (do @ np.swapaxes(vv, -1, -2) - delta) * (1.0 if dmod is None else dmod)
-    ds = np.where(p != 0, ds, 0.0)       # a position that did not count gets no gradient (as the kernels)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    dq = ds @ kk * scale
-    dk = np.swapaxes(ds, -1, -2) @ q * scale
-    dv = np.swapaxes(p, -1, -2) @ do
-    fold = lambda x: x.reshape(x.shape[:-3] + (hk, h // hk) + x.shape[-2:]).sum(-3)  # noqa: E731
-    return dq, fold(dk), fold(dv)
+    return grads_from_scores(apply_mask(s, attn_mask, is_causal), dmod, do, q, k, v, o, lse, scale)
 
 
 def _check_backward_args(grad_out, query, key, value, out, lse, enable_gqa):
@@ -639,3 +638,130 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     ins = [query, key, value, out, grad_out, lse] + ([attn_mask] if attn_mask is not None else [])
     _run_kernels(backward_templates(bs), [ins + [dk, dv], ins + [dq]])
     return dq, dk, dv
+
+
+# ---- §5 / §9.10 Autograd: sdpa's and omni_attn's derivative (op_table.DERIVATIVES) ----
+#
+# A forward on inputs that require grad keeps its LSE as the node's last input (params
+# with_lse=True; the output does not depend on it), so that autograd saves q, k, v, out and the
+# LSE, and a compiled training step's partition saves the LSE, never the N x N probabilities.
+# Eager, one forward computes (out, LSE) and `record`s the node; under stax.compile the LSE is an
+# `attn_lse` / `omni_lse` node that the GPU back end writes in the same template launch.
+
+
+def _needs_grad(tensors) -> bool:
+    return is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _check_grad_inputs(what: str, q, k, v, mask=None):
+    if mask is not None and mask.requires_grad:
+        raise NotImplementedError(f"{what}: attn_mask gets no gradient; pass attn_mask.detach() (query, "
+                                  "key and value get theirs)")
+    if q.ndim > 4 or tuple(q.shape[:-3]) != tuple(k.shape[:-3]) or tuple(k.shape[:-3]) != tuple(v.shape[:-3]):
+        raise NotImplementedError(f"{what}: the backward takes query, key and value of rank <= 4 with the "
+                                  f"same batch dims, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
+                                  "expand or reshape them to [B, H, L, E] first")
+
+
+def _sdpa_with_grad(inputs: list, params: dict, shape: tuple, enable_gqa: bool):
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) == 4 else None
+    _check_grad_inputs("scaled_dot_product_attention", q, k, v, mask)
+    params = {**params, "with_lse": True}
+    if current_tracer() is not None:        # the joint graph of stax.compile (partition.py)
+        lse = _op("attn_lse", inputs, {"is_causal": params["is_causal"], "scale": params["scale"]},
+                  _meta(tuple(q.shape[:-1]), float32, q.device))
+        return _op("sdpa", inputs + [lse], params, _meta(shape, q.dtype, q.device))
+    with no_grad():
+        if q.device != "cpu" and not _eager_template(inputs, params["is_causal"], params["scale"]):
+            out, lse = attention_forward(*(t.cpu() for t in inputs[:3]), None if mask is None else mask.cpu(),
+                                         params["is_causal"], params["scale"], enable_gqa)
+            out, lse = out.to(q.device), lse.to(q.device)
+        else:
+            out, lse = attention_forward(q, k, v, mask, params["is_causal"], params["scale"], enable_gqa)
+    record("sdpa", inputs + [lse], params, [out])
+    return out
+
+
+def _omni_with_grad(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse, kernel_options):
+    """omni_attention on inputs that require grad, eagerly: the forward once, then the node."""
+    _check_grad_inputs("omni_attention", q, k, v)
+    if return_lse:
+        raise NotImplementedError("omni_attention(return_lse=True): the LSE carries no gradient; pass "
+                                  "return_lse=False, or run under stax.no_grad()")
+    with no_grad():
+        out, lse = omni_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, True, kernel_options)
+    params = {"scale": scale, "score_mod": score_mod, "block_mask": block_mask, "with_lse": True}
+    record("omni_attn", [q, k, v, lse], params, [out])
+    return out
+
+
+def _traced_omni_grad(tracer, inputs: list, params: dict, score_mod, meta):
+    """omni_attention on proxies that require grad (the joint graph): ∂score_mod/∂score traced
+    into the params, the LSE an `omni_lse` node; what no template runs is a graph break."""
+    q = inputs[0]
+    if q.device == "cpu":
+        tracer.graph_break("omni_attention on inputs that require grad on the CPU (no C++ backward "
+                           "template): it runs eagerly")
+    if score_mod is not None:
+        try:
+            params["score_grad"] = ModText(trace_mod(score_mod, True, "triton", True),
+                                           trace_mod(score_mod, True, "cpp", True))
+        except NotImplementedError as e:
+            tracer.graph_break(f"omni_attention's backward cannot be traced ({e})")
+    lse = _op("omni_lse", inputs, dict(params), _meta(tuple(q.shape[:-1]), float32, q.device))
+    return _op("omni_attn", inputs + [lse], {**params, "with_lse": True}, meta)
+
+
+def _as4d(t):
+    return t.reshape(*((1,) * (4 - t.ndim)), *t.shape) if t.ndim < 4 else t
+
+
+def _eager_grads(g, ins, out, p, op) -> tuple:
+    """(dq, dk, dv) through attention_backward: the templates on cuda tensors, float64 numpy on
+    the CPU (and for what no template covers)."""
+    q, k, v, lse = ins[0], ins[1], ins[2], ins[-1]
+    mask = ins[3] if op == "sdpa" and len(ins) == 5 else None
+    kw = (dict(is_causal=p["is_causal"], scale=p["scale"], attn_mask=mask) if op == "sdpa" else
+          dict(scale=p["scale"], score_mod=p["score_mod"], block_mask=p["block_mask"]))
+    args = [_as4d(t) for t in (g, q, k, v, out)] + [lse.reshape(*((1,) * (3 - lse.ndim)), *lse.shape)]
+    dev = q.device
+    covered = dev == "cpu" or make_spec(*(_operand(t) for t in args[1:4]), _operand(args[1]), q.dtype.name,
+                                        p["scale"], kw.get("is_causal", False),
+                                        _operand(mask) if mask is not None else None,
+                                        mask.dtype.name if mask is not None else "") is not None
+    if not covered:
+        args = [t.cpu() for t in args]
+        kw = {n: (x.cpu() if isinstance(x, Tensor) else x.to("cpu") if isinstance(x, BlockMask) else x)
+              for n, x in kw.items()}
+    grads = attention_backward(*args, enable_gqa=True, **kw)
+    return tuple(gr.to(dev).reshape(*t.shape) for gr, t in zip(grads, (q, k, v)))
+
+
+def _traced_grads(g, ins, out, p, op) -> tuple:
+    """(dq, dk, dv) as views of one `attn_bwd` node (its output packs them flat)."""
+    q, k, v, lse = ins[0], ins[1], ins[2], ins[-1]
+    extra = [ins[3]] if op == "sdpa" and len(ins) == 5 else []
+    params = ({"is_causal": p["is_causal"], "scale": p["scale"]} if op == "sdpa" else
+              {"scale": p["scale"], "score_mod": p["score_mod"], "score_grad": p.get("score_grad"),
+               "mask_mod": p["mask_mod"]})
+    o0, o1, o2, total = packed_offsets(q.shape, k.shape, v.shape)
+    flat = _op("attn_bwd", [g, q, k, v, out, lse] + extra, params, _meta((total,), q.dtype, q.device))
+    return flat[o0:o1].reshape(*q.shape), flat[o1:o2].reshape(*k.shape), flat[o2:total].reshape(*v.shape)
+
+
+def attention_grads(g, ins, out, p, op) -> tuple:
+    """The derivative of an `sdpa` or `omni_attn` node recorded with its LSE (op_table.DERIVATIVES
+    calls it as F.attention_grads): dq, dk, dv, then None for the mask, block mask and LSE."""
+    if not p.get("with_lse"):
+        raise NotImplementedError(f"stax autograd: this {op} node was recorded without its LSE; call "
+                                  "scaled_dot_product_attention / omni_attention on inputs that require grad")
+    if is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in [g] + list(ins)):
+        # (the backward kernels record no history: a second derivative would silently be zero)
+        raise NotImplementedError(f"stax autograd: create_graph=True (a double backward) through {op} is "
+                                  "not supported; its backward kernels have no derivative")
+    grads = (_traced_grads if current_tracer() is not None else _eager_grads)(g, ins, out, p, op)
+    return grads + (None,) * (len(ins) - 3)
+
+
+autograd.F.attention_grads = attention_grads      # (autograd sits below this module: plugged in here)

@@ -24,7 +24,7 @@ Where to look:
   - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
   - `cpp_template` ...................................... the C++ template (BACKEND="CPP", compiled CPU code)
   - `omni_extern_spec`, `ModText` ....................... a graph's `omni_attn` node -> a spec
-  - `backward_templates` ................................ dK/dV and dQ, P = exp(S - LSE) recomputed
+  - (the backward's kernels: attention_grad.py)
   - `attention_configs`, `attention_grid` ............... candidates and grid (§9.6)
   - `attention_template` ................................ the entry: (name, source)
 """
@@ -114,10 +114,19 @@ def sdpa_lse_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None) -> tupl
     return finish_triple(triple_of(s, v))
 
 
-def sdpa_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
-    """The eager `sdpa` op (op_table): the output only."""
+def sdpa_numpy(q, k, v, *extra, is_causal=False, scale=None, enable_gqa=False, with_lse=False):
+    """The eager `sdpa` op (op_table): the output only. `extra` is [attn_mask] [, lse]: with
+    `with_lse` the node's last input is its LSE (`attn_lse` of the same inputs, kept for the
+    backward); the output does not depend on it."""
+    mask = extra[0] if len(extra) > int(with_lse) else None
     with np.errstate(all="ignore"):
-        return sdpa_lse_numpy(q, k, v, attn_mask, is_causal, scale)[0]
+        return sdpa_lse_numpy(q, k, v, mask, is_causal, scale)[0]
+
+
+def attn_lse_numpy(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """The eager `attn_lse` op: the LSE [..., M] (float32) that `sdpa` of the same inputs writes."""
+    with np.errstate(all="ignore"):
+        return sdpa_lse_numpy(q, k, v, attn_mask, is_causal, scale)[1].astype(np.float32)
 
 
 # ---- §9.10 What one template kernel computes ----
@@ -400,7 +409,8 @@ def omni_extern_spec(e, lowered, language: str = "triton") -> tuple:
     """(AttentionSpec, the buffers the launch reads) of an `omni_attn` node (attention.py records
     it under stax.compile): q, k, v [, the block mask's four arrays], its mods' bodies printed
     for `language` ('triton' or 'cpp'). The node was recorded only for inputs the template runs."""
-    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    inputs = e.inputs[:-1] if e.params.get("with_lse") else e.inputs     # (the LSE: the launch's output)
+    ops = [_extern_operand(x, lowered) for x in inputs]
     names = [o[0] for o in ops]
     out = as_operand(e.layout.shape, e.layout.stride, 0)
     spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, ops[0][1], e.params["scale"], origins=e.origins)
@@ -418,10 +428,10 @@ def extern_spec(e, lowered) -> tuple:
     """(AttentionSpec or None, the names of the buffers the launch reads) of an `sdpa` node."""
     if e.op == "omni_attn":
         return omni_extern_spec(e, lowered)
-    if e.op != "sdpa" or not e.inputs or not all(hasattr(x, "buffer") or isinstance(x, str)
-                                                 for x in e.inputs):
+    inputs = e.inputs[:-1] if e.params.get("with_lse") else e.inputs     # (the LSE: the launch's output)
+    if e.op != "sdpa" or not inputs or not all(hasattr(x, "buffer") or isinstance(x, str) for x in inputs):
         return None, []
-    ops = [_extern_operand(x, lowered) for x in e.inputs]
+    ops = [_extern_operand(x, lowered) for x in inputs]
     names, dtypes = [o[0] for o in ops], [o[1] for o in ops]
     if len(set(dtypes[:3])) != 1 or dtypes[0] != e.dtype.name:
         return None, names
@@ -726,158 +736,6 @@ def cpp_template(spec: AttentionSpec, name: str = "stax_attention_cpu") -> tuple
     return "#include <algorithm>\n#include <cmath>\n" + text, cdef
 
 
-# ---- §9.10 The backward: P recomputed from the LSE, no N x N buffer ----
-
-
-@dataclass
-class BackwardSpec:
-    """The forward's operands plus o, dO (like q) and the LSE [B·H·M] (float32)."""
-    fwd: AttentionSpec
-    o: Operand
-    do: Operand
-    score_grad: ModBody | None = None    # ∂score_mod/∂score, traced through Stax's autograd
-
-
-def _bwd_head(spec: AttentionSpec) -> list:
-    b, h, hk, m, n, d = spec.dims
-    return [f"M = {m}", f"N = {n}", f"D = {d}", f"rd = tl.arange(0, {_next_pow2(max(d, 16))})"]
-
-
-def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
-    """The attention mask in a backward tile: (lines, extra keep term); a float mask adds to `var`."""
-    if s.mask is None:
-        return [], ""
-    load = (f"{indent}am = tl.load(in_ptr6 + ({s.mask.index('b', 'h', rows, cols)}), "
-            f"mask=({rows} < M) & ({cols} < N), other=0)")
-    if s.mask_dtype == "bool":
-        return [load], " & (am != 0)"
-    return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
-
-
-def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
-    """score_mod, its derivative and mask_mod in a backward tile of scores `var` (natural units):
-    (lines, extra keep term, the factor dS' -> dS). The tile's positions are q_idx = `rows`,
-    kv_idx = `cols`; mask_mod is evaluated on every block (the backward visits them all)."""
-    s, lines, keep, factor = bs.fwd, [], "", ""
-    if s.score_mod is not None or s.mask_mod is not None:
-        lines += [f"q_idx = {rows}", f"kv_idx = {cols}"]
-    if s.score_mod is not None:
-        lines += [f"score = {var}", *s.score_mod.lines, f"smod = {s.score_mod.result}"]
-        lines += [*bs.score_grad.lines, f"dsmod = {bs.score_grad.result}", f"{var} = smod"]
-        factor = " * dsmod"
-    if s.mask_mod is not None:
-        lines += [*s.mask_mod.lines, f"mm = {s.mask_mod.result}"]
-        keep = " & (mm != 0)"
-    return [indent + x for x in lines], keep, factor
-
-
-def _dkdv_body(bs: BackwardSpec) -> list:
-    """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
-    and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
-    dK += dS^T q (delta = rowsum(dO * o), recomputed per block)."""
-    s = bs.fwd
-    b, h, hk, m, n, d = s.dims
-    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
-    dt = TL_DTYPES[s.dtype]
-    lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
-    keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
-    qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
-    mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
-    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
-    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
-    return _bwd_head(s) + [
-        "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
-        "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
-        "rn = pid_n * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"kb = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
-        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
-        f"vb = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
-        "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
-        f"dk = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
-        f"dv = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
-        f"for g in range(0, {h // hk}):",
-        f"    h = hk * {h // hk} + g",
-        f"    for start_m in range({lo}, M, BLOCK_N):",
-        "        rm = start_m + tl.arange(0, BLOCK_N)",
-        "        row = (rm[:, None] < M) & (rd[None, :] < D)",
-        f"        qb = tl.load(in_ptr0 + ({qi}), mask=row, other=0.0)",
-        f"        ob = tl.load(in_ptr3 + ({oi}), mask=row, other=0.0).to(tl.float32)",
-        f"        dob = tl.load(in_ptr4 + ({doi}), mask=row, other=0.0)",
-        f"        lse = tl.load(in_ptr5 + ((b * {h} + h) * M + rm), mask=rm < M, other=0.0)",
-        "        delta = tl.sum(dob.to(tl.float32) * ob, 1)",
-        f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32) * {s.scale!r}",
-        *mask_lines,
-        f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
-        f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
-        f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
-        f"        dsT = tl.where({keep}{mask_keep}, pT * (dpT - delta[None, :]){factor}, 0.0)",
-        f"        dk += tl.dot(dsT.to({dt}), qb{prec}, out_dtype=tl.float32)",
-        "out = (rn[:, None] < N) & (rd[None, :] < D)",
-        f"tl.store(out_ptr0 + (bh * N * D + rn[:, None] * D + rd[None, :]), (dk * {s.scale!r}).to({dt}), out)",
-        f"tl.store(out_ptr1 + (bh * N * D + rn[:, None] * D + rd[None, :]), dv.to({dt}), out)"]
-
-
-def _dq_body(bs: BackwardSpec) -> list:
-    """One program per BLOCK_M queries: dQ = Σ_blocks dS K, dS = P (dP - delta), P recomputed."""
-    s = bs.fwd
-    b, h, hk, m, n, d = s.dims
-    prec = ', input_precision="ieee"' if s.dtype == "float32" else ""
-    dt = TL_DTYPES[s.dtype]
-    hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
-    keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
-    row = "(rm[:, None] < M) & (rd[None, :] < D)"
-    mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
-    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
-    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
-    return _bwd_head(s) + [
-        "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
-        f"hk = h // {h // hk}",
-        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"qb = tl.load(in_ptr0 + ({s.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
-        f"ob = tl.load(in_ptr3 + ({bs.o.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
-        f"dob = tl.load(in_ptr4 + ({bs.do.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
-        "lse = tl.load(in_ptr5 + (bh * M + rm), mask=rm < M, other=0.0)",
-        "delta = tl.sum(dob.to(tl.float32) * ob.to(tl.float32), 1)",
-        f"dq = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
-        f"for start_n in range(0, {hi}, BLOCK_N):",
-        "    rn = start_n + tl.arange(0, BLOCK_N)",
-        "    col = (rn[None, :] < N) & (rd[:, None] < D)",
-        f"    kT = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
-        f"    vT = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
-        f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32) * {s.scale!r}",
-        *mask_lines,
-        f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
-        f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
-        f"    ds = tl.where({keep}{mask_keep}, p * (dp - delta[:, None]){factor}, 0.0)",
-        f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",
-        f"tl.store(out_ptr0 + (bh * M * D + rm[:, None] * D + rd[None, :]), (dq * {s.scale!r}).to({dt}), {row})"]
-
-
-def backward_templates(bs: BackwardSpec) -> list:
-    """[(name, source, numels)] of the two backward kernels: dK and dV over key blocks, then dQ
-    over query blocks. Both take q, k, v, o, dO, LSE; dK, dV (and dQ) come out contiguous."""
-    s = bs.fwd
-    b, h, hk, m, n, d = s.dims
-    ptr = PTR_TYPES[s.dtype]
-    ins = {f"in_ptr{i}": ptr for i in range(5)} | {"in_ptr5": "*fp32"}
-    if s.mask is not None:
-        ins["in_ptr6"] = PTR_TYPES[s.mask_dtype]
-    out = []
-    for kind, body, outs, numels in (("dkdv", _dkdv_body(bs), 2, [b * hk, n, m, d, 0, 0]),
-                                     ("dq", _dq_body(bs), 1, [b * h, m, n, d, 0, 0])):
-        name = f"triton_tem_fused_attention_bwd_{kind}"
-        sig = ins | {f"out_ptr{i}": ptr for i in range(outs)} | {
-            k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
-        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
-        src = (f"# {name}: the attention backward (§9.10), P = exp(S - LSE) recomputed per block\n"
-               f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
-               f"@triton.jit\n"
-               f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
-        out.append((name, src, numels))
-    return out
-
-
 # ---- §9.6 Launch configurations and the grid ----
 
 
@@ -886,6 +744,15 @@ def decode_configs() -> list:
     the key block is chosen; no BLOCK_M, so the grid is one program per split."""
     return [{"BLOCK_N": bn, "num_warps": w, "num_stages": st}
             for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (32, 4, 3))]
+
+
+# The backward kernels (attention_grad.py; their launches carry meta {"backward": 1}) hold four
+# [BLOCK_M, BLOCK_N] score tiles and six [BLOCK, D] tiles at once: smaller blocks than the
+# forward's, 8 warps for the largest. Built for sm_90 (ptxas' stack frame: 0 bytes), none of
+# these spills for float32 up to head dim 64 and half types up to 128; float32 past 64 fits
+# only 16 x 16 blocks
+_BACKWARD_TABLE = ((128, 32, 8, 3), (64, 16, 4, 2), (64, 32, 4, 2), (64, 16, 8, 2), (32, 16, 4, 2))
+_BACKWARD_FP32_WIDE = ((16, 16, 4, 1),)
 
 
 def attention_configs(numels: dict, kind: str = "attention") -> list:
@@ -904,6 +771,8 @@ def attention_configs(numels: dict, kind: str = "attention") -> list:
              if wide else
              ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
               (128, 64, 8, 4)))
+    if numels.get("backward"):
+        table = _BACKWARD_FP32_WIDE if wide and numels.get("fp32") else _BACKWARD_TABLE
     out = []
     for bm, bn, warps, stages in table:
         cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": warps,

@@ -114,7 +114,7 @@ _SAVES.update({op: "" for op in ("add", "sub", "neg", "expand", "reshape", "perm
                                   "sign", "cumsum")})
 _SAVES.update({op: "out" for op in ("exp", "exp2", "sqrt", "rsqrt", "tanh", "sigmoid", "expm1",
                                      "reciprocal", "relu")})
-_SAVES.update({op: "in+out" for op in ("pow", "prod", "amax", "amin", "remainder")})
+_SAVES.update({op: "in+out" for op in ("pow", "prod", "amax", "amin", "remainder", "sdpa", "omni_attn")})
 
 
 class GradNode:
@@ -465,7 +465,8 @@ F = SimpleNamespace(
     sum=T.sum, prod=T.prod, cumsum=T.cumsum, permute=T.permute, reshape=T.reshape, to_dtype=T.to_dtype,
     sum_to=_sum_to, unreduce=_unreduce, slice_grad=_slice_grad, select_grad=_select_grad,
     matmul_grads=_matmul_grads, cat_grads=_cat_grads, is_tensor=lambda x: isinstance(x, Tensor),
-    index=_index, index_put=_index_put, zeros_like=lambda x, dt: zeros_like(x, dtype=dt))
+    index=_index, index_put=_index_put, zeros_like=lambda x, dt: zeros_like(x, dtype=dt),
+    attention_grads=None)       # attention.py (above this module) plugs in sdpa's and omni_attn's
 
 
 # ---- Tensor methods ----

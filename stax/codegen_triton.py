@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import sympy
 
 from .ir import Scatter
-from .attention_kernels import attention_template, extern_spec, launch_numels
+from .attention_grad import backward_templates, bwd_extern_spec
+from .attention_kernels import _extern_operand, attention_template, extern_spec, launch_numels
 from .conv_template import conv_applies, conv_template
 from .templates import mm_extern, mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
@@ -182,15 +183,39 @@ def _fused_kernel(index: int, g, sched) -> tuple:
     return {name: src, name2: src2}, params, numels, [name, name2]
 
 
-def _attention_call(index: int, e, spec, operands, launch) -> list:
-    """§9.10: an `sdpa` node as the flash template; its LSE (the backward's) is scratch here."""
+def _attention_call(index: int, e, spec, operands, launch, low) -> list:
+    """§9.10: an `sdpa` node as the flash template. Its LSE is scratch, or, for a node recorded
+    with its LSE (training, params with_lse), the buffer of that `attn_lse` node (`_lse_paired`)."""
     name, src = attention_template(index, spec)
-    lse = f"{e.name}_lse"
-    call = [_alloc(e.name, e.layout, e.dtype),
-            f"{pyname(lse)} = empty_strided_cuda(({spec.dims[0] * spec.dims[1] * spec.dims[3]},), (1,), stax.float32)"]
+    call = [_alloc(e.name, e.layout, e.dtype)]
+    if e.params.get("with_lse"):
+        lse = _extern_operand(e.inputs[-1], low)[0]
+    else:
+        lse = f"{e.name}_lse"
+        call.append(f"{pyname(lse)} = empty_strided_cuda(({spec.dims[0] * spec.dims[1] * spec.dims[3]},), (1,), "
+                    "stax.float32)")
     launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name, lse]]
            + [str(int(n)) for n in launch_numels(spec)])
-    call.append(f"del {pyname(lse)}")
+    if not e.params.get("with_lse"):
+        call.append(f"del {pyname(lse)}")
+    return call
+
+
+def _lse_paired(e, low) -> bool:
+    """Is this `attn_lse` / `omni_lse` node written by the template launch of the attention node
+    that takes it as its LSE (attention.py records that node on the same inputs)? Then its group
+    only allocates it; the launch comes later (the attention node reads it)."""
+    if e.op not in ("attn_lse", "omni_lse"):
+        return False
+    return any(getattr(b, "params", {}).get("with_lse") and b.inputs and b.inputs[-1] == e.name
+               and extern_spec(b, low)[0] is not None for b in low.buffers)
+
+
+def _backward_call(index: int, e, bs, operands, launch) -> list:
+    """§9.10: an `attn_bwd` node as the two backward kernels, writing dQ, dK, dV into its one buffer."""
+    call = [_alloc(e.name, e.layout, e.dtype)]
+    for (name, src, numels), outs in zip(backward_templates(bs, index), ([e.name, e.name], [e.name])):
+        launch(call, {name: src}, name, [pyname(o) for o in operands + outs] + [str(int(n)) for n in numels])
     return call
 
 
@@ -250,6 +275,30 @@ def _extern_lines(x, g, low, launch) -> list:
     return lines
 
 
+def _extern_group(index: int, e, low, call: list, new: set, launch) -> int:
+    """An extern node's lines: the conv template (§9.8), the attention templates forward and
+    backward (§9.10; an LSE the forward template writes needs only its buffer), or a fallback call."""
+    if conv_applies(e, low):         # §9.8: a convolution runs as an implicit-GEMM Triton template
+        name, src, operands, numels = conv_template(index, e, low)
+        call.append(_alloc(e.name, e.layout, e.dtype))
+        launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
+        index += 1
+    elif extern_spec(e, low)[0] is not None:     # §9.10: attention runs as the flash template
+        spec, operands = extern_spec(e, low)
+        call += _attention_call(index, e, spec, operands, launch, low)
+        index += 1
+    elif _lse_paired(e, low):
+        call.append(_alloc(e.name, e.layout, e.dtype))
+    elif bwd_extern_spec(e, low)[0] is not None:  # §9.10: the backward templates, P from the LSE
+        bs, operands = bwd_extern_spec(e, low)
+        call += _backward_call(index, e, bs, operands, launch)
+        index += 1
+    else:
+        call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}", low.checks)
+    new.add(e.name)
+    return index
+
+
 def generate(sched) -> TritonModule:
     """Print every fusion group as a Triton kernel (or a template, or a fallback call) + `call`."""
     low = sched.lowered
@@ -268,23 +317,8 @@ def generate(sched) -> TritonModule:
         call, new = [], set()
         if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
             index = _template_calls(index, g, sched, call, new, allocated, multi, choices, launch)
-        elif g.kind == "extern" and conv_applies(g.nodes[0], low):
-            e = g.nodes[0]           # §9.8: a convolution runs as an implicit-GEMM Triton template
-            name, src, operands, numels = conv_template(index, e, low)
-            call.append(_alloc(e.name, e.layout, e.dtype))
-            new.add(e.name)
-            launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
-            index += 1
-        elif g.kind == "extern" and extern_spec(g.nodes[0], low)[0] is not None:
-            e = g.nodes[0]           # §9.10: attention runs as the flash template
-            spec, operands = extern_spec(e, low)
-            call += _attention_call(index, e, spec, operands, launch)
-            new.add(e.name)
-            index += 1
         elif g.kind == "extern":
-            e = g.nodes[0]
-            call += extern_call(e, low.unbacked, f"stax.{pydtype(e.dtype)}", low.checks)
-            new.add(e.name)
+            index = _extern_group(index, g.nodes[0], low, call, new, launch)
         else:
             sources, params, numels, alternatives = _fused_kernel(index, g, sched)
             for p in params:

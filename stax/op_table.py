@@ -33,7 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-from .attention_kernels import sdpa_numpy
+from .attention_grad import attn_bwd_numpy
+from .attention_kernels import attn_lse_numpy, sdpa_numpy
 from .conv_numpy import conv2d_numpy
 from .dtypes import float64
 
@@ -399,6 +400,13 @@ OPS = {d.name: d for d in [
     # score_mod / mask_mod traced into params (attention_kernels.ModText). Always a template (C++ or
     # Triton), never run here: attention.py records it only for inputs a template runs
     OpDef("omni_attn", "other", -1, None, fallback=True),
+    # §5 / §9.10 training (attention.py records these only for inputs that require grad): the LSE
+    # of an sdpa / omni_attn of the same inputs, which that node then takes as its last input
+    # (params with_lse; its value does not depend on it) and the GPU template writes in the same
+    # launch; and the backward, attn_bwd(dO, q, k, v, o, LSE [, attn_mask]) -> [dQ | dK | dV] flat
+    OpDef("attn_lse", "other", -1, attn_lse_numpy, fallback=True),
+    OpDef("omni_lse", "other", -1, None, fallback=True),
+    OpDef("attn_bwd", "other", -1, attn_bwd_numpy, fallback=True),
     OpDef("bincount", "other", 1, lambda x, minlength: np.bincount(x, minlength=minlength).astype(np.int64),
           fallback=True),
     OpDef("masked_select", "other", 2, lambda x, m: np.broadcast_arrays(x, m)[0][np.broadcast_arrays(x, m)[1]],
@@ -414,7 +422,8 @@ OPS = {d.name: d for d in [
 # `g` is the gradient of the op's output, `F` the tensor functions autograd.py passes in (so
 # this table stays at the bottom of the stack): where, exp, sin, cos, sign, sum_to (reduce a
 # broadcast gradient to an input's shape), unreduce (broadcast a reduction's gradient back),
-# cumsum, flip, index, index_put, zeros_like, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype. An op absent from the
+# cumsum, flip, index, index_put, zeros_like, matmul_grads, slice_grad, select_grad, cat_grads, to_dtype,
+# attention_grads. An op absent from the
 # table has no gradient: one with integer or bool results (comparisons, argmax) needs none; a float
 # one (cumprod, sort, ...) makes backward raise when a gradient reaches it, never drop the path.
 
@@ -536,6 +545,10 @@ DERIVATIVES = {
         F.index(g, ins[2:], p)) + (None,) * (len(ins) - 2),
     # cat's one input is a list of tensors: one gradient per tensor of the list
     "cat": lambda F, g, ins, out, p: F.cat_grads(g, ins[0], p["dim"]),
+    # §9.10: dQ, dK, dV by the backward template from the saved LSE (the node's last input), P
+    # recomputed; None for the mask, the block mask's arrays and the LSE itself (attention.py)
+    "sdpa": lambda F, g, ins, out, p: F.attention_grads(g, ins, out, p, "sdpa"),
+    "omni_attn": lambda F, g, ins, out, p: F.attention_grads(g, ins, out, p, "omni_attn"),
 }
 
 # the ops handler's name -> OpDef (for printers: `ops.truediv` is div)

@@ -198,9 +198,17 @@ def traffic(gen) -> dict:
             reads = sorted({x for a in e.inputs for x in (a if isinstance(a, list) else [a])
                             if isinstance(x, str)})
             writes, kname, src = [e.name], f"fallback {e.op}", ""
-            if _printed_as_template(e, kernels, ki):
+            count = _printed_as_template(e, kernels, ki)
+            for extra in range(count - 1):      # (the backward's dK/dV kernel before its dQ one)
+                rows.append({"kernel": kernels[ki][0], "kind": g.kind, "nodes": origins, "reads": reads,
+                             "writes": writes, "bytes": 0, "group": g, "source": kernels[ki][1]})
+                ki += 1
+            if count:
                 kname, src = kernels[ki]
                 ki += 1
+            elif e.op in ("attn_lse", "omni_lse") and ki < len(kernels) and "_attention_" in kernels[ki][0]:
+                # §9.10 training: only allocated here; the attention template that follows writes it
+                reads, writes, kname = [], [], f"{e.op} (written by {kernels[ki][0]})"
         else:
             kname, src = kernels[ki]
             ki += 1
@@ -221,20 +229,24 @@ def traffic(gen) -> dict:
 # ---- What each kernel is, and where each of its lines comes from ----
 
 
-_TEMPLATE_OPS = {"sdpa": "_attention_", "omni_attn": "_attention_", "conv2d": "_conv_"}
+_TEMPLATE_OPS = {"sdpa": ("_attention_",), "omni_attn": ("_attention_",), "conv2d": ("_conv_",),
+                 "attn_bwd": ("_attention_bwd_dkdv", "_attention_bwd_dq")}
 
 
-def _printed_as_template(e, kernels, ki) -> bool:
-    """An extern node a back end printed as a template kernel of its own (§9.8 conv, §9.10
-    attention) rather than a §6.1 fallback call: the next kernel is that template."""
-    mark = _TEMPLATE_OPS.get(e.op)
-    return mark is not None and ki < len(kernels) and mark in kernels[ki][0]
+def _printed_as_template(e, kernels, ki) -> int:
+    """How many template kernels of its own a back end printed for an extern node (§9.8 conv,
+    §9.10 attention and its backward's two) rather than a §6.1 fallback call: the next ones."""
+    marks = _TEMPLATE_OPS.get(e.op, ())
+    ok = all(ki + i < len(kernels) and m in kernels[ki + i][0] for i, m in enumerate(marks))
+    return len(marks) if marks and ok else 0
 
 
 def kernel_form(row: dict, previous: dict | None) -> tuple:
     """(kind, chapter section) of a kernel: from its group and the decorator it was printed with."""
     if row["kind"] == "extern" and row["kernel"].startswith("fallback "):
         return "fallback", "§6.1"
+    if row["kind"] == "extern" and " (written by " in row["kernel"]:
+        return "buffer", "§9.10"
     if row["kind"] == "extern":                 # a template printed for an extern node
         return "template", "§9.10" if "attention" in row["kernel"] else "§9.8"
     src = row["source"]

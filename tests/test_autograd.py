@@ -219,11 +219,11 @@ def test_every_float_op_has_a_derivative_or_is_listed_as_not_differentiable():
     none = {"floordiv", "isnan", "isinf", "logical_not", "bitwise_not", "eq", "ne", "lt", "le", "gt", "ge",
             "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
             "argmax", "argmin", "full", "arange", "rand", "randn", "randint", "philox_rand", "nonzero",
-            "unique", "argsort", "bincount", "repeat_index", "slice_scatter", "select_scatter"}
-    # backward raises if reached (omni_attn: its backward is attention_backward, called explicitly)
-    # (scaled_mm: torch._scaled_mm has no derivative either)
-    raises = {"cumprod", "logcumsumexp", "cummax", "cummin", "sort", "sdpa", "masked_select", "conv2d", "omni_attn",
-              "scaled_mm"}
+            "unique", "argsort", "bincount", "repeat_index", "slice_scatter", "select_scatter",
+            # §9.10 training: an attention node's LSE (its gradient is in the node's) and its backward
+            "attn_lse", "omni_lse", "attn_bwd"}
+    # backward raises if reached (scaled_mm: torch._scaled_mm has no derivative either)
+    raises = {"cumprod", "logcumsumexp", "cummax", "cummin", "sort", "masked_select", "conv2d", "scaled_mm"}
     missing = [n for n in OPS if n not in DERIVATIVES and n not in none | raises]
     assert not missing, f"ops with neither a derivative in op_table.DERIVATIVES nor a reason: {missing}"
 
