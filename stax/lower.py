@@ -852,7 +852,8 @@ def strided_view(v: Value, dtype_of) -> ReinterpretView | None:
     name, index = probe.loads[0]
     if dtype_of(name) is not v.dtype:
         return None
-    index = sympy.expand(sympy.sympify(index))
+    # (a reshape's floor-divisions and modulos that the ranges undo: (2, 3, 5) read as (6, 5))
+    index = sympy.expand(simplify_index(index, dict(zip(idx, v.shape))))
     strides = [index.coeff(i) for i in idx]
     offset = index.subs({i: 0 for i in idx})
     affine = offset + sum((s * i for s, i in zip(strides, idx)), sympy.Integer(0))
