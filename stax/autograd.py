@@ -280,15 +280,16 @@ def _push(pending: dict, node, nr: int, g):
     slots[nr] = g if slots[nr] is None else slots[nr] + g
 
 
-def _apply(node, g, create_graph):
-    """The gradients of `node`'s inputs: its formula, or the node's own `apply` (a compiled region)."""
+def _apply(node, g, create_graph, retain_graph=True):
+    """The gradients of `node`'s inputs: its formula, or the node's own `apply` (a compiled region,
+    which may let go of its saved tensors as it runs when the graph is not retained)."""
     if hasattr(node, "apply"):
         if create_graph:
             raise NotImplementedError(
                 "stax: create_graph=True (a double backward) through a stax.compile'd function is not "
                 "supported: its backward is a compiled artifact with no history. Call the function "
                 "uncompiled (its .fn) for higher-order gradients.")
-        return node.apply(g)
+        return node.apply(g, retain_graph)
     formula = DERIVATIVES.get(node.op)
     if formula is None:
         raise NotImplementedError(
@@ -322,7 +323,7 @@ def _run_backward(roots, grads, retain_graph, create_graph, wanted=None):
                 if (node, nr) in wanted and (node.n_outputs == 1 or g[nr] is not None):
                     _accumulate(found, wanted[node, nr], g if node.n_outputs == 1 else g[nr])
             node.check_versions()
-            outs = _apply(node, g, create_graph)
+            outs = _apply(node, g, create_graph, bool(retain_graph))
             for edge, gi in zip(node.edges, outs):
                 if edge is None or gi is None:
                     continue
@@ -433,7 +434,12 @@ def _select_grad(g, x, p):
 
 
 def _matmul_grads(g, a, b):
+    """A column-major 2-D `b` (F.linear's `w.t()`) gets its gradient as the transpose of gᵀ·a:
+    a view of a product laid out as `w` itself, so the weight's gradient comes out contiguous, not
+    through a transposing copy (an (N-D, 2-D) product is folded to 2-D first: tensor_ops.matmul)."""
     ga = T.matmul(g, T.transpose(b, -1, -2))
+    if a.ndim == b.ndim == 2 and b.shape[0] > 1 and b.stride() == (1, b.shape[0]):
+        return ga, T.transpose(T.matmul(T.transpose(g, 0, 1), a), 0, 1)
     gb = T.matmul(T.transpose(a, -1, -2), g)
     return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
 
