@@ -763,6 +763,9 @@ class _Lowering:
             if isinstance(a, Value):
                 # a view of a buffer is handed over in place (strides, offset); else stored
                 view = strided_view(a, self.dtype_of) if a.buffer is None else None
+                if view is None and a.buffer is None:
+                    a = self._view_of_realized(node.inputs[position]) or a
+                    view = strided_view(a, self.dtype_of) if a.buffer is None else None
                 wanted = None
                 if self.operand_strides is not None:
                     layout = (view.layout if view is not None else
@@ -780,6 +783,22 @@ class _Lowering:
         self.emit(ExternKernel(name, node.op, ins, dict(node.params), node.meta.dtype, layout, [node.name]))
         return Value(tuple(node.meta.shape), node.meta.dtype,
                      _load_from(name, node.meta.dtype, layout), buffer=name)
+
+    def _view_of_realized(self, x) -> Value | None:
+        """A fallback's operand that is a reshape or permute of a computed value: the
+        value stored in its own shape, and the view read from it in place. Storing the view's
+        shape instead would make a buffer that no longer fuses with its producer (a layer_norm's
+        rows read as (B*T, C) by a folded matmul: a second pass over the rows)."""
+        chain = []                      # (views that keep every element: the value is not bigger)
+        while hasattr(x, "op") and x.op in ("reshape", "permute"):
+            chain.append(x)
+            x = x.inputs[0]
+        if not chain or not hasattr(x, "op") or self.env[x].buffer is not None:
+            return None
+        self.env[x] = v = self.realize(self.env[x])
+        for n in reversed(chain):
+            v = _lower_view(n, v)
+        return v
 
     # step 3: every tensor output is stored in a buffer of its own (inputs and views are copied)
     def store_outputs(self, graph) -> list:
