@@ -117,12 +117,20 @@ class CompiledNode(GradNode):
             out.append(g)
         return out
 
-    def apply(self, grads):
-        """The inputs' gradients: the backward artifact on the saved tensors and the tangents."""
+    def apply(self, grads, retain_graph=True):
+        """The inputs' gradients: the backward artifact on the saved tensors and the tangents.
+        Without retain_graph the node lets go of its saved tensors first (as AOTAutograd steals
+        its backward's arguments): the artifact's `args.clear()` and `del`s then free each one
+        right after its last use instead of after the whole backward."""
         grads = grads if self.n_outputs > 1 else [grads]
         with autograd.no_grad():
             tangents = self._tangents(grads)
-            outs = self.entry.backward_call(self.saved)(list(self.saved) + tangents)
+            call = self.entry.backward_call(self.saved)
+            args = list(self.saved) + tangents
+            del tangents, grads
+            if not retain_graph:
+                self.saved, self.versions = None, []
+            outs = call(args)
         return [None if slot is None else outs[slot] for slot in self.entry.part.grad_slot]
 
 
