@@ -793,7 +793,9 @@ def _step_row(name, step, torch_step, params):
     torch.cuda.max_memory_allocated, before time_calls' 256 MB L2-flush buffer exists (the first
     measurement counted it: 337.6 MB = 256 MiB of flush + 81.6 MB of step). `floor_MB`: the
     parameters, their gradients and AdamW's two moments (4 bytes of state per parameter byte)."""
+    t0 = time.perf_counter()
     first = float(step().item())                    # compiles forward, backward, the AdamW step
+    first_s = time.perf_counter() - t0
     floor = 4 * sum(p.numel() * p.dtype.itemsize for p in params) / 2**20
     _FLUSH.clear()
     sync = cuda.synchronize if cuda.is_available() else (lambda: None)   # (no stream when interpreted)
@@ -801,7 +803,7 @@ def _step_row(name, step, torch_step, params):
     cuda.reset_peak_memory_stats()
     second = float(step().item())
     sync()
-    row = {"workload": name, "first_loss": first, "second_loss": second,
+    row = {"workload": name, "first_loss": first, "second_loss": second, "stax_first_step_s": first_s,
            "stax_peak_MB": cuda.max_memory_allocated() / 2**20, "floor_MB": floor}
     if not cuda.is_available():                     # the Triton interpreter: a smoke run, no times
         print(json.dumps(row), flush=True)
@@ -811,7 +813,9 @@ def _step_row(name, step, torch_step, params):
         try:
             import torch
             import triton.testing
+            t0 = time.perf_counter()
             tstep, tloss = torch_step(torch)
+            row["torch_first_step_s"] = time.perf_counter() - t0
             row["torch_first_loss"] = tloss
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
