@@ -32,7 +32,7 @@ from .dtypes import bfloat16, bool_, float16, float32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
-                 simplify_index, with_origin)
+                 output_buffer, simplify_index, with_origin)
 from .lower_index import gather_loader, index_position_fn, scatter_in_place
 from .lower_scan import lower_scan
 from .op_table import OPS
@@ -784,6 +784,22 @@ class _Lowering:
         return Value(tuple(node.meta.shape), node.meta.dtype,
                      _load_from(name, node.meta.dtype, layout), buffer=name)
 
+    def buffer_layout(self, name):
+        return next(b.layout for b in self.buffers if b.name == name)
+
+    def _whole_buffer_reshape(self, v: Value, taken: set) -> ReinterpretView | None:
+        """v as all of one contiguous computed buffer under another contiguous shape (no copy
+        needed to return it), else None."""
+        view = strided_view(v, self.dtype_of)
+        if view is None or view.buffer in taken or sympy.sympify(view.layout.offset) != 0:
+            return None
+        buf = next((b for b in self.buffers if b.name == view.buffer), None)
+        if buf is None or not hasattr(buf, "layout") or tuple(view.layout.stride) != tuple(contiguous_strides(v.shape)) \
+                or tuple(buf.layout.stride) != tuple(contiguous_strides(buf.layout.shape)) \
+                or sympy.prod(buf.layout.shape) != sympy.prod(v.shape):
+            return None
+        return view
+
     def _view_of_realized(self, x) -> Value | None:
         """A fallback's operand that is a reshape or permute of a computed value: the
         value stored in its own shape, and the view read from it in place. Storing the view's
@@ -810,6 +826,12 @@ class _Lowering:
                 continue
             v = self.env[out]
             owned = v.buffer is not None and v.buffer not in input_names and v.buffer not in seen
+            whole = None if owned or v.buffer is not None else self._whole_buffer_reshape(v, input_names | set(seen))
+            if whole is not None:            # a folded matmul's (B*T, N) result returned as (B, T, N)
+                seen[whole.buffer] = True
+                same = tuple(self.buffer_layout(whole.buffer).shape) == tuple(v.shape)
+                outputs.append(whole.buffer if same else whole)
+                continue
             if not owned:
                 name = self.new_name()
                 layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
@@ -831,7 +853,7 @@ class _Lowering:
         values = [self.env[new] for _, new in graph.mutations]
         values = [self.realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
                   for v, t in zip(values, targets)]
-        mutations, outputs = [], set(self.outputs)
+        mutations, outputs = [], {output_buffer(o) for o in self.outputs}
         for k, (target, v, (_, new_node)) in enumerate(zip(targets, values, graph.mutations)):
             if v.buffer is not None and scatter_in_place(self.buffers, target, v.buffer, outputs, values[k + 1:]):
                 mutations.append((target.name, v.buffer))   # the scatter wrote into the input
