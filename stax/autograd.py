@@ -434,12 +434,19 @@ def _select_grad(g, x, p):
 
 
 def _matmul_grads(g, a, b):
-    """A column-major 2-D `b` (F.linear's `w.t()`) gets its gradient as the transpose of gᵀ·a:
-    a view of a product laid out as `w` itself, so the weight's gradient comes out contiguous, not
-    through a transposing copy (an (N-D, 2-D) product is folded to 2-D first: tensor_ops.matmul)."""
+    """A 2-D `b` that every batch of `a` shares gets ONE product over all rows, a[rows, k]ᵀ ·
+    g[rows, n] (PyTorch's folding), not a batched product of per-batch partials summed afterwards
+    (GPT-2's tied head: 8 × 768 × 50257 floats of them). A column-major `b` (F.linear's `w.t()`)
+    gets its gradient as the transpose of gᵀ·a: a view of a product laid out as `w` itself, so the
+    weight's gradient comes out contiguous instead of through a transposing copy."""
     ga = T.matmul(g, T.transpose(b, -1, -2))
-    if a.ndim == b.ndim == 2 and b.shape[0] > 1 and b.stride() == (1, b.shape[0]):
-        return ga, T.transpose(T.matmul(T.transpose(g, 0, 1), a), 0, 1)
+    if b.ndim == 2:
+        k, n = b.shape
+        if a.ndim > 2:
+            a, g = T.reshape(a, (a.numel() // k if k else 0, k)), T.reshape(g, (g.numel() // n if n else 0, n))
+        if k > 1 and b.stride() == (1, k):
+            return ga, T.transpose(T.matmul(T.transpose(g, 0, 1), a), 0, 1)
+        return ga, T.matmul(T.transpose(a, 0, 1), g)
     gb = T.matmul(T.transpose(a, -1, -2), g)
     return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
 

@@ -778,14 +778,23 @@ class _Lowering:
                     ins.append(view if view is not None else self.realize(a).buffer)
             else:
                 ins.append(a)
+        if node.op == "matmul" and len(node.meta.shape) > len(args[1].shape) == 2:
+            ins[1] = self._broadcast_operand(ins[1], tuple(node.meta.shape[:-2]))
         name = self.new_name()
         layout = Layout(tuple(node.meta.shape), contiguous_strides(node.meta.shape))
         self.emit(ExternKernel(name, node.op, ins, dict(node.params), node.meta.dtype, layout, [node.name]))
         return Value(tuple(node.meta.shape), node.meta.dtype,
                      _load_from(name, node.meta.dtype, layout), buffer=name)
 
+    def _broadcast_operand(self, x, batch: tuple) -> ReinterpretView:
+        """A matmul's 2-D `b` that every batch of `a` shares (the graph keeps it 2-D so that its
+        gradient is one product): the kernel reads it as a stride-0 batched view, as an expand."""
+        name, lay = (x.buffer, x.layout) if isinstance(x, ReinterpretView) else (x, self.buffer_layout(x))
+        return ReinterpretView(name, Layout(batch + tuple(lay.shape), (0,) * len(batch) + tuple(lay.stride),
+                                            lay.offset))
+
     def buffer_layout(self, name):
-        return next(b.layout for b in self.buffers if b.name == name)
+        return next(b.layout for b in self.inputs + self.buffers if b.name == name)
 
     def _whole_buffer_reshape(self, v: Value, taken: set) -> ReinterpretView | None:
         """v as all of one contiguous computed buffer under another contiguous shape (no copy

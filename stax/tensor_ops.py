@@ -719,11 +719,10 @@ def matmul(a, b):
             raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})")
         raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
                            f"[{_numel(b.shape[:-2])}, {k}] but got: [{_numel(b.shape[:-2])}, {k2}].")
-    if b.ndim == 2 and a.ndim > 2 and _rows_fold(a):
-        # PyTorch's folding: a matrix every batch shares is one (rows, k) @ (k, n) product, so its
-        # gradient is one product over all rows too, not per-batch partials summed (autograd.py)
-        rows = _numel(a.shape[:-1])
-        return reshape(matmul(reshape(a, (rows, k)), b), tuple(a.shape[:-1]) + (n,))
+    if b.ndim == 2 and a.ndim > 2:
+        # a matrix every batch shares stays 2-D in the graph (lowering broadcasts it for the
+        # kernel), so its gradient is one product over all rows, not per-batch partials (autograd.py)
+        return _op("matmul", [a, b], {}, _meta(tuple(a.shape[:-1]) + (n,), a.dtype, _device(a, b)))
     batch = _broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if a.ndim > 2 or b.ndim > 2:   # the primitive wants equal batch shapes: expand (a view)
         a, b = expand(a, batch + (m, k)), expand(b, batch + (k, n))
@@ -731,14 +730,6 @@ def matmul(a, b):
 
 
 mm = bmm = matmul
-
-
-def _rows_fold(a) -> bool:
-    """Do a's leading dims merge into one row dim as a view (static sizes only)?"""
-    shape, stride = a.shape, a.stride()
-    if not all(isinstance(s, int) for s in shape):
-        return False
-    return all(shape[i] == 1 or stride[i] == stride[i + 1] * shape[i + 1] for i in range(a.ndim - 2))
 
 
 def cat(tensors, dim=0):

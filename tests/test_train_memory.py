@@ -7,9 +7,10 @@ that keep it near the floor.
 - the peak of one step (forward + backward + AdamW) of an MLP is at most its parameters, their
   gradients and AdamW's two moments plus the activations the step keeps: a bound computed from the
   model, with the widths chosen so that one extra weight-sized buffer breaks it;
-- the gradients behind it, against float64 numpy: an N-D input times a 2-D matrix folds to one
-  2-D product (read in place when the rows merge, copied when not), and F.linear's weight gets
-  its gradient straight out of one GEMM (no transposing copy, no per-batch partials).
+- the gradients behind it, against float64 numpy: an N-D input times a 2-D matrix gives the
+  matrix's gradient as one 2-D product over all rows (read in place when the rows merge, copied
+  when not), and F.linear's weight gets it straight out of one GEMM (no transposing copy, no
+  per-batch partials); a whole buffer returned under another shape is not copied.
 """
 import gc
 import sys
@@ -213,3 +214,21 @@ def test_linear_backward_makes_the_weight_gradient_in_one_gemm():
     returned = bwd.wrapper.strip().splitlines()[-1]         # return (grad_w, grad_b)
     grad_w = returned.split("(")[1].split(",")[0].strip()
     assert launch.startswith(f"{mm}.run(") and f", {grad_w}, 1, 24, 16, 32," in launch   # b=1, m, n, k
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_whole_buffer_reshaped_is_returned_without_a_copy(device, rng):
+    """A product computed as (B*T, N) and returned as (B, T, N): the output is the buffer itself
+    (`reshaped_output`), not a copy: a tensor of its own (no view), equal to float64 numpy, and
+    writable without touching anything else."""
+    x, w = rng.standard_normal((2, 7, 5)), rng.standard_normal((5, 3))
+    fn = lambda x, w: (x.reshape(14, 5) @ w).reshape(2, 7, 3)       # noqa: E731
+    xs, ws = (stax.tensor(a.astype(np.float32), device=device) for a in (x, w))
+    gen = stax.generate(fn, xs, ws, device=device)
+    assert "reshaped_output(" in gen.wrapper.strip().splitlines()[-1]
+    assert len(gen.kernels) == (0 if device == "cpu" else 1)        # the matmul alone
+    out = stax.compile(fn)(xs, ws)
+    np.testing.assert_allclose(out.cpu().numpy(), x @ w, rtol=1e-4, atol=1e-5)
+    assert tuple(out.shape) == (2, 7, 3) and out.is_contiguous() and out._base is None
+    out.add_(1)
+    np.testing.assert_allclose(out.cpu().numpy(), x @ w + 1, rtol=1e-4, atol=1e-5)
