@@ -232,3 +232,16 @@ def test_a_whole_buffer_reshaped_is_returned_without_a_copy(device, rng):
     assert tuple(out.shape) == (2, 7, 3) and out.is_contiguous() and out._base is None
     out.add_(1)
     np.testing.assert_allclose(out.cpu().numpy(), x @ w + 1, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_shared_2d_key_and_value_in_attention(device, rng):
+    """softmax(q kᵀ s) v with one 2-D k and v for every batch of q: the matmuls keep them 2-D (the
+    attention rewrite sees 2-D operands); compiled equals float64 numpy."""
+    q, k, v = rng.standard_normal((2, 5, 8)), rng.standard_normal((6, 8)), rng.standard_normal((6, 7))
+    fn = lambda q, k, v: stax.softmax(q @ k.t() * 0.3, -1) @ v      # noqa: E731
+    s = q @ k.T * 0.3
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    ts = [stax.tensor(a.astype(np.float32), device=device) for a in (q, k, v)]
+    np.testing.assert_allclose(stax.compile(fn)(*ts).cpu().numpy(), want, rtol=1e-4, atol=1e-5)
