@@ -879,24 +879,35 @@ def _stax_step(loss_fn, params, inputs, mode=None):
     return step, f
 
 
-def _step_row(name, step, torch_step):
-    """Time a training step (CUDA events, as time_calls) and its peak memory beside torch's."""
+def _step_row(name, step, torch_step, params):
+    """Time a training step (CUDA events, as time_calls) and its peak memory beside torch's:
+    stax.cuda.max_memory_allocated() over one step (forward, backward, AdamW), as
+    torch.cuda.max_memory_allocated, before time_calls' 256 MB L2-flush buffer exists (the first
+    measurement counted it: 337.6 MB = 256 MiB of flush + 81.6 MB of step). `floor_MB`: the
+    parameters, their gradients and AdamW's two moments (4 bytes of state per parameter byte)."""
+    t0 = time.perf_counter()
     first = float(step().item())                    # compiles forward, backward, the AdamW step
+    first_s = time.perf_counter() - t0
+    floor = 4 * sum(p.numel() * p.dtype.itemsize for p in params) / 2**20
+    _FLUSH.clear()
+    sync = cuda.synchronize if cuda.is_available() else (lambda: None)   # (no stream when interpreted)
+    sync()
+    cuda.reset_peak_memory_stats()
+    second = float(step().item())
+    sync()
+    row = {"workload": name, "first_loss": first, "second_loss": second, "stax_first_step_s": first_s,
+           "stax_peak_MB": cuda.max_memory_allocated() / 2**20, "floor_MB": floor}
     if not cuda.is_available():                     # the Triton interpreter: a smoke run, no times
-        row = {"workload": name, "first_loss": first, "second_loss": float(step().item())}
         print(json.dumps(row), flush=True)
         return row
-    cuda.synchronize()
-    cuda.reset_peak_memory_stats()
-    step()
-    cuda.synchronize()
-    row = {"workload": name, "first_loss": first, "stax_ms": time_calls(step, (), iters=20),
-           "stax_peak_MB": cuda.memory_stats()["peak_allocated_bytes"] / 2**20}
+    row["stax_ms"] = time_calls(step, (), iters=20)
     if torch_step is not None:
         try:
             import torch
             import triton.testing
+            t0 = time.perf_counter()
             tstep, tloss = torch_step(torch)
+            row["torch_first_step_s"] = time.perf_counter() - t0
             row["torch_first_loss"] = tloss
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -961,14 +972,14 @@ def training_steps(tiny=False) -> list:
     ts = [stax.tensor(a, device="cuda") for a in arrays]
     params = [t.requires_grad_() for t in ts[:-2]]
     step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), params, lambda: (*params, *ts[-2:]))
-    rows.append(_step_row(f"train_mlp4 {width}x{batch}", step, None if tiny else _torch_mlp_step(arrays, 4)))
+    rows.append(_step_row(f"train_mlp4 {width}x{batch}", step, None if tiny else _torch_mlp_step(arrays, 4), params))
     # §9.9 (issue 16): the same step with the forward and backward artifacts replayed from CUDA
     # graphs, and a launch-bound one (width 64, batch 8) in both modes
     for w, b, mode in ((width, batch, "reduce-overhead"), (64, 8, None), (64, 8, "reduce-overhead")):
         ts = [stax.tensor(a, device="cuda") for a in _mlp_arrays(w, 4, b)]
         ps = [t.requires_grad_() for t in ts[:-2]]
         step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), ps, lambda ps=ps, ts=ts: (*ps, *ts[-2:]), mode)
-        rows.append(_step_row(f"train_mlp4 {w}x{b} {mode or 'default'}", step, None))
+        rows.append(_step_row(f"train_mlp4 {w}x{b} {mode or 'default'}", step, None, ps))
     gpt2_block.N_EMBD, gpt2_block.N_HEAD, gpt2_block.VOCAB = C, heads, vocab
     garrays = _gpt2_arrays(C, vocab, seq, gb)
     p = {k: stax.tensor(v, device="cuda", requires_grad=True) for k, v in garrays[0].items()}
@@ -976,7 +987,7 @@ def training_steps(tiny=False) -> list:
     step, _ = _stax_step(lambda *a: gpt2_block.block_loss(*a)[1], list(p.values()), lambda: (x, t, p, mask))
     src = inspect.getsource(gpt2_block.block_loss).replace("N_EMBD", str(C)).replace("N_HEAD", str(heads))
     rows.append(_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
-                          None if tiny else _torch_gpt2_step(garrays, src)))
+                          None if tiny else _torch_gpt2_step(garrays, src), list(p.values())))
     return rows
 
 

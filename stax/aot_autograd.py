@@ -142,12 +142,20 @@ class CompiledNode(GradNode):
             out.append(g)
         return out
 
-    def apply(self, grads):
-        """The inputs' gradients: the backward artifact on the saved tensors and the tangents."""
+    def apply(self, grads, retain_graph=True):
+        """The inputs' gradients: the backward artifact on the saved tensors and the tangents.
+        Without retain_graph the node lets go of its saved tensors first (as AOTAutograd steals
+        its backward's arguments): the artifact's `args.clear()` and `del`s then free each one
+        right after its last use instead of after the whole backward."""
         grads = grads if self.n_outputs > 1 else [grads]
         with autograd.no_grad():
-            args = list(self.saved) + self._tangents(grads) + list(self.sizes)
-            outs = self.entry.backward_call(self.saved, args)(args)
+            tangents = self._tangents(grads)
+            args = list(self.saved) + tangents + list(self.sizes)
+            call = self.entry.backward_call(self.saved, args)
+            del tangents, grads
+            if not retain_graph:
+                self.saved, self.versions = None, []
+            outs = call(args)
         return [None if slot is None else outs[slot] for slot in self.entry.part.grad_slot]
 
 

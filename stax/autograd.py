@@ -280,15 +280,16 @@ def _push(pending: dict, node, nr: int, g):
     slots[nr] = g if slots[nr] is None else slots[nr] + g
 
 
-def _apply(node, g, create_graph):
-    """The gradients of `node`'s inputs: its formula, or the node's own `apply` (a compiled region)."""
+def _apply(node, g, create_graph, retain_graph=True):
+    """The gradients of `node`'s inputs: its formula, or the node's own `apply` (a compiled region,
+    which may let go of its saved tensors as it runs when the graph is not retained)."""
     if hasattr(node, "apply"):
         if create_graph:
             raise NotImplementedError(
                 "stax: create_graph=True (a double backward) through a stax.compile'd function is not "
                 "supported: its backward is a compiled artifact with no history. Call the function "
                 "uncompiled (its .fn) for higher-order gradients.")
-        return node.apply(g)
+        return node.apply(g, retain_graph)
     formula = DERIVATIVES.get(node.op)
     if formula is None:
         raise NotImplementedError(
@@ -322,7 +323,7 @@ def _run_backward(roots, grads, retain_graph, create_graph, wanted=None):
                 if (node, nr) in wanted and (node.n_outputs == 1 or g[nr] is not None):
                     _accumulate(found, wanted[node, nr], g if node.n_outputs == 1 else g[nr])
             node.check_versions()
-            outs = _apply(node, g, create_graph)
+            outs = _apply(node, g, create_graph, bool(retain_graph))
             for edge, gi in zip(node.edges, outs):
                 if edge is None or gi is None:
                     continue
@@ -433,7 +434,19 @@ def _select_grad(g, x, p):
 
 
 def _matmul_grads(g, a, b):
+    """A 2-D `b` that every batch of `a` shares gets ONE product over all rows, a[rows, k]ᵀ ·
+    g[rows, n] (PyTorch's folding), not a batched product of per-batch partials summed afterwards
+    (GPT-2's tied head: 8 × 768 × 50257 floats of them). A column-major `b` (F.linear's `w.t()`)
+    gets its gradient as the transpose of gᵀ·a: a view of a product laid out as `w` itself, so the
+    weight's gradient comes out contiguous instead of through a transposing copy."""
     ga = T.matmul(g, T.transpose(b, -1, -2))
+    if b.ndim == 2:
+        k, n = b.shape
+        if a.ndim > 2:
+            a, g = T.reshape(a, (a.numel() // k if k else 0, k)), T.reshape(g, (g.numel() // n if n else 0, n))
+        if k > 1 and b.stride() == (1, k):
+            return ga, T.transpose(T.matmul(T.transpose(g, 0, 1), a), 0, 1)
+        return ga, T.matmul(T.transpose(a, 0, 1), g)
     gb = T.matmul(T.transpose(a, -1, -2), g)
     return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
 

@@ -39,7 +39,7 @@ from .schedule import all_indices, cross_orientation, node_index, phases, store_
 from .tensor import get_num_threads
 from .printer import Var
 from .cpp_kernel import CppKernel, cexpr, cliteral, ctype, for_line, loop_nest, numel_of
-from .wrapper import (extern_call, pydtype, pylit, pyname, pyshape, wrapper_launches,
+from .wrapper import (extern_call, pydtype, pylit, pyname, pyoutputs, pyshape, wrapper_launches,
                       wrapper_prologue)
 
 LANES = 16          # accumulator lanes: one AVX-512 register of float32
@@ -725,7 +725,7 @@ def _error_checks(errors, cdefs) -> list:
 
 def _wrapper(sched, calls) -> str:
     """`call(args)`: check inputs, then per kernel allocate, launch, and `del` dead buffers (§7.5)."""
-    outs = [pyname(o) if isinstance(o, str) else pylit(o) for o in sched.lowered.outputs]
+    outs = pyoutputs(sched.lowered)
     lines = wrapper_prologue(sched.lowered) + ["    launch_prologue()"]
     lines += wrapper_launches(sched, calls, "    ")
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")

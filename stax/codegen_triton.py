@@ -38,7 +38,7 @@ from .triton_kernel import Target, TritonKernel, current_target, finish, pointwi
 from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
 from .triton_scan import scan_kernel
-from .wrapper import (extern_call, pyarg, pydtype, pyint, pylit, pyname, pyshape, pysize,
+from .wrapper import (extern_call, pyarg, pydtype, pyint, pylit, pyname, pyoutputs, pyshape, pysize,
                       wrapper_launches, wrapper_prologue)
 
 # ---- §6.1 Alg. 6.1 on the GPU ----
@@ -130,7 +130,7 @@ class TritonModule:
 
 def _wrapper(sched, calls) -> str:
     """Listing 9.6: check inputs, then under the device context allocate, launch, `del` (§7.5)."""
-    outs = [pyname(o) if isinstance(o, str) else pylit(o) for o in sched.lowered.outputs]
+    outs = pyoutputs(sched.lowered)
     lines = wrapper_prologue(sched.lowered, ", 'input'")
     launches = wrapper_launches(sched, calls, "        ")
     if launches:                     # (a function returning only views of its inputs launches nothing)

@@ -414,11 +414,19 @@ class ReinterpretView:
         return f"{self.buffer}.as_strided({self.layout.shape}, {self.layout.stride}, {self.layout.offset})"
 
 
+def output_buffer(o):
+    """The buffer a lowered graph's output names: its name, the buffer under a ReinterpretView
+    (a whole buffer returned under another shape), or None (a Python scalar)."""
+    if isinstance(o, str):
+        return o
+    return o.buffer if isinstance(o, ReinterpretView) else None
+
+
 @dataclass
 class LoweredGraph:
     inputs: list                    # InputBuffer, in call order
     buffers: list                   # Pointwise | Reduction | ExternKernel, in dependence order
-    outputs: list                   # buffer name (str) or Python scalar for each graph output
+    outputs: list                   # buffer name (str), ReinterpretView (a whole buffer reshaped) or scalar
     mutations: list                 # (input name, buffer name): write-backs already folded into buffers
     unbacked: dict                  # symbol -> (extern buffer name, dim) for data-dependent sizes
     checks: list = field(default_factory=list)  # §10.5 stax._check relations over them (run time)

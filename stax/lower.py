@@ -32,7 +32,7 @@ from .dtypes import bfloat16, bool_, float16, float32, int32, int64
 from .ir import (REDUCTION_IDENTITY, ExternKernel, FloorDiv, InputBuffer, Layout, LoweredGraph,
                  ModularIndexing, Pointwise, Reduction, ReinterpretView, Scatter, compute_dtype,
                  IndexCollector, LoadCollector, contiguous_strides, index_vars, ops, reduction_identity, set_handler,
-                 simplify_index, with_origin)
+                 output_buffer, simplify_index, with_origin)
 from .lower_index import gather_loader, index_position_fn, scatter_in_place
 from .lower_scan import lower_scan
 from .op_table import OPS
@@ -765,6 +765,9 @@ class _Lowering:
             if isinstance(a, Value):
                 # a view of a buffer is handed over in place (strides, offset); else stored
                 view = strided_view(a, self.dtype_of) if a.buffer is None else None
+                if view is None and a.buffer is None:
+                    a = self._view_of_realized(node.inputs[position]) or a
+                    view = strided_view(a, self.dtype_of) if a.buffer is None else None
                 wanted = None
                 if self.operand_strides is not None:
                     layout = (view.layout if view is not None else
@@ -777,11 +780,52 @@ class _Lowering:
                     ins.append(view if view is not None else self.realize(a).buffer)
             else:
                 ins.append(a)
+        if node.op == "matmul" and len(node.meta.shape) > len(args[1].shape) == 2:
+            ins[1] = self._broadcast_operand(ins[1], tuple(node.meta.shape[:-2]))
         name = self.new_name()
         layout = Layout(tuple(node.meta.shape), contiguous_strides(node.meta.shape))
         self.emit(ExternKernel(name, node.op, ins, dict(node.params), node.meta.dtype, layout, [node.name]))
         return Value(tuple(node.meta.shape), node.meta.dtype,
                      _load_from(name, node.meta.dtype, layout), buffer=name)
+
+    def _broadcast_operand(self, x, batch: tuple) -> ReinterpretView:
+        """A matmul's 2-D `b` that every batch of `a` shares (the graph keeps it 2-D so that its
+        gradient is one product): the kernel reads it as a stride-0 batched view, as an expand."""
+        name, lay = (x.buffer, x.layout) if isinstance(x, ReinterpretView) else (x, self.buffer_layout(x))
+        return ReinterpretView(name, Layout(batch + tuple(lay.shape), (0,) * len(batch) + tuple(lay.stride),
+                                            lay.offset))
+
+    def buffer_layout(self, name):
+        return next(b.layout for b in self.inputs + self.buffers if b.name == name)
+
+    def _whole_buffer_reshape(self, v: Value, taken: set) -> ReinterpretView | None:
+        """v as all of one contiguous computed buffer under another contiguous shape (no copy
+        needed to return it), else None."""
+        view = strided_view(v, self.dtype_of)
+        if view is None or view.buffer in taken or sympy.sympify(view.layout.offset) != 0:
+            return None
+        buf = next((b for b in self.buffers if b.name == view.buffer), None)
+        if buf is None or not hasattr(buf, "layout") or tuple(view.layout.stride) != tuple(contiguous_strides(v.shape)) \
+                or tuple(buf.layout.stride) != tuple(contiguous_strides(buf.layout.shape)) \
+                or sympy.prod(buf.layout.shape) != sympy.prod(v.shape):
+            return None
+        return view
+
+    def _view_of_realized(self, x) -> Value | None:
+        """A fallback's operand that is a reshape or permute of a computed value: the
+        value stored in its own shape, and the view read from it in place. Storing the view's
+        shape instead would make a buffer that no longer fuses with its producer (a layer_norm's
+        rows read as (B*T, C) by a folded matmul: a second pass over the rows)."""
+        chain = []                      # (views that keep every element: the value is not bigger)
+        while hasattr(x, "op") and x.op in ("reshape", "permute"):
+            chain.append(x)
+            x = x.inputs[0]
+        if not chain or not hasattr(x, "op") or self.env[x].buffer is not None:
+            return None
+        self.env[x] = v = self.realize(self.env[x])
+        for n in reversed(chain):
+            v = _lower_view(n, v)
+        return v
 
     # step 3: every tensor output is stored in a buffer of its own (inputs and views are copied)
     def store_outputs(self, graph) -> list:
@@ -793,6 +837,12 @@ class _Lowering:
                 continue
             v = self.env[out]
             owned = v.buffer is not None and v.buffer not in input_names and v.buffer not in seen
+            whole = None if owned or v.buffer is not None else self._whole_buffer_reshape(v, input_names | set(seen))
+            if whole is not None:            # a folded matmul's (B*T, N) result returned as (B, T, N)
+                seen[whole.buffer] = True
+                same = tuple(self.buffer_layout(whole.buffer).shape) == tuple(v.shape)
+                outputs.append(whole.buffer if same else whole)
+                continue
             if not owned:
                 name = self.new_name()
                 layout = Layout(tuple(v.shape), contiguous_strides(v.shape))
@@ -814,7 +864,7 @@ class _Lowering:
         values = [self.env[new] for _, new in graph.mutations]
         values = [self.realize(v) if v.buffer is None and _reads_mutated_elsewhere(v, t, mutated) else v
                   for v, t in zip(values, targets)]
-        mutations, outputs = [], set(self.outputs)
+        mutations, outputs = [], {output_buffer(o) for o in self.outputs}
         for k, (target, v, (_, new_node)) in enumerate(zip(targets, values, graph.mutations)):
             if v.buffer is not None and scatter_in_place(self.buffers, target, v.buffer, outputs, values[k + 1:]):
                 mutations.append((target.name, v.buffer))   # the scatter wrote into the input
@@ -854,7 +904,8 @@ def strided_view(v: Value, dtype_of) -> ReinterpretView | None:
     name, index = probe.loads[0]
     if dtype_of(name) is not v.dtype:
         return None
-    index = sympy.expand(sympy.sympify(index))
+    # (a reshape's floor-divisions and modulos that the ranges undo: (2, 3, 5) read as (6, 5))
+    index = sympy.expand(simplify_index(index, dict(zip(idx, v.shape))))
     strides = [index.coeff(i) for i in idx]
     offset = index.subs({i: 0 for i in idx})
     affine = offset + sum((s * i for s, i in zip(strides, idx)), sympy.Integer(0))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cache, printer, report_html
+from .ir import output_buffer
 
 # ---- Data types ----
 
@@ -221,7 +222,7 @@ def traffic(gen) -> dict:
     inputs = {b.name for b in low.inputs}
     updated = {i for i, _ in low.mutations}
     # an output that is an input returned unchanged costs nothing; an updated input is written
-    written = {o for o in low.outputs if isinstance(o, str) and o not in inputs} | updated
+    written = {output_buffer(o) for o in low.outputs} - {None} - inputs | updated
     bound = sum(_nbytes(low, b) for b in inputs) + sum(_nbytes(low, b) for b in written)
     return {"kernels": rows, "moved": moved, "bound": bound}
 

@@ -16,7 +16,7 @@ Where to look:
   - `load_module` ............................... the entry: a generated module → `call`
   - `load_cpu_module`, `load_gpu_module` ........ compile/dlopen, write the wrapper to a file, import it
   - `cpu_wrapper_globals`, `gpu_wrapper_globals`  ptr(), empty(), assert_size_stride(), extern_kernel(),
-    reinterpret_tensor()
+    reinterpret_tensor(), reshaped_output()
   - `AsyncCompile` .............................. Listing 9.6's `async_compile`: kernel handles
     (compiled at first launch), carrying `stax.compile`'s mode and options to each kernel
   - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes: a record sealed with
@@ -33,7 +33,7 @@ from types import SimpleNamespace
 from . import cache, cublas, cuda, memory
 from .cache import storage_ctype
 from .dtypes import DTYPES
-from .tensor import Meta, Storage, Tensor, _meta, _numel, _run_eager, get_num_threads
+from .tensor import Meta, Storage, Tensor, _contig, _meta, _numel, _run_eager, get_num_threads
 
 # ---- §9.7 The helpers every wrapper calls ----
 
@@ -49,6 +49,12 @@ def reinterpret_tensor(t, shape, stride, offset):
     """A view of `t`'s storage with the given layout (an extern kernel's input, no copy)."""
     return Tensor._make(t._storage, Meta(tuple(shape), tuple(stride), t.dtype, t.device,
                                              t._meta.offset + offset), base=t)
+
+
+def reshaped_output(t, shape):
+    """A graph output that is all of buffer `t` under another shape (contiguous both): a tensor of
+    its own over the same memory, not a view (the wrapper drops `t` itself)."""
+    return Tensor._make(t._storage, Meta(tuple(shape), _contig(tuple(shape)), t.dtype, t.device, t._meta.offset))
 
 
 def extern_kernel(op, inputs, params, dtype, device="cpu"):
@@ -83,7 +89,7 @@ def cpu_wrapper_globals(ffi, lib) -> dict:
 
     names = {"kernels": lib, "ptr": ptr, "empty": empty, "assert_size_stride": assert_size_stride,
              "extern_kernel": extern_kernel, "launch_prologue": launch_prologue,
-             "reinterpret_tensor": reinterpret_tensor, "NULL": ffi.NULL}
+             "reinterpret_tensor": reinterpret_tensor, "reshaped_output": reshaped_output, "NULL": ffi.NULL}
     names.update({d.name: d for d in DTYPES.values()})
     return names
 
@@ -147,7 +153,8 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
             "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
             "extern_kernels": SimpleNamespace(mm=cublas.mm),     # §9.8 cuBLASLt (when installed)
-            "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor, **DTYPES}
+            "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor,
+            "reshaped_output": reshaped_output, **DTYPES}
 
 
 def load_gpu_module(source: str, mode=None, options=None):

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from .ir import (ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView, Scan, Scatter,
+from .ir import (output_buffer, ExternKernel, IndexCollector, LoadCollector, Pointwise, Reduction, ReinterpretView, Scan, Scatter,
                  index_vars, set_handler, simplify_index)
 
 # ---- Data types ----
@@ -337,7 +337,7 @@ def _lifetimes(lowered, groups, group_of, readers):
         last_use[name] = max(gs)
     for inp, w in lowered.mutations:     # an input is used until its write-back kernel has run
         last_use[inp] = max(last_use.get(inp, -1), group_of[w])
-    outputs = {o for o in lowered.outputs if isinstance(o, str)}
+    outputs = {output_buffer(o) for o in lowered.outputs} - {None}
     written_back = {w for _, w in lowered.mutations}
     kernel_local = set()
     for g in groups:
@@ -398,7 +398,7 @@ def all_indices(nodes, xvars, rvars) -> list:
 
 def dead_after(sched: Schedule, group_index: int, alive: set) -> list:
     """§7.5: the buffers in `alive` whose last reader is this group (graph outputs live on)."""
-    outputs = {o for o in sched.lowered.outputs if isinstance(o, str)}
+    outputs = {output_buffer(o) for o in sched.lowered.outputs} - {None}
     return sorted(n for n in alive if sched.last_use.get(n) == group_index and n not in outputs)
 
 

@@ -721,6 +721,10 @@ def matmul(a, b):
             raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n})")
         raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
                            f"[{_numel(b.shape[:-2])}, {k}] but got: [{_numel(b.shape[:-2])}, {k2}].")
+    if b.ndim == 2 and a.ndim > 2:
+        # a matrix every batch shares stays 2-D in the graph (lowering broadcasts it for the
+        # kernel), so its gradient is one product over all rows, not per-batch partials (autograd.py)
+        return _op("matmul", [a, b], {}, _meta(tuple(a.shape[:-1]) + (n,), a.dtype, _device(a, b)))
     batch = _broadcast_shapes(a.shape[:-2], b.shape[:-2])
     if a.ndim > 2 or b.ndim > 2:   # the primitive wants equal batch shapes: expand (a view)
         a, b = expand(a, batch + (m, k)), expand(b, batch + (k, n))

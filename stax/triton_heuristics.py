@@ -427,11 +427,33 @@ class CachingAutotuner:
             self._fast = (args[self.ints_from:], grid, launcher)
 
     def _launcher(self, cfg: Config, aligned: bool, args):
-        divs = tuple((i, _pow2_divisor(args[i])) for i in self.int_index if args[i] % 2 == 0)
+        divs = self._divs(args)
         key = (tuple(sorted(cfg.items())), aligned, divs)
         if key not in self.launchers:
             self.launchers[key] = self._compile(cfg, aligned, divs)
         return self.launchers[key]
+
+    def _divs(self, args) -> tuple:
+        return tuple((i, _pow2_divisor(args[i])) for i in self.int_index if args[i] % 2 == 0)
+
+    def _precompile(self, cands: list, args) -> None:
+        """Build the candidates' cubins side by side before measuring them one by one: Triton's
+        passes and ptxas run mostly outside the GIL, and a kernel's first launch compiled its 6-10
+        candidates one after the other (a GPT-2 block's training step: ~460 compiles, most of its
+        first-step time). Threads only write cubins (`_build`); loading them (the driver's
+        context is per thread) stays on this thread, in `_compile`."""
+        if not args:
+            return
+        ptrs = [a if a.__class__ in _SCALARS else a.data_ptr() for a in args]
+        aligned, divs = not any(ptrs[i] & 15 for i in self.pointer_index), self._divs(args)
+        todo = [c for c in cands if (tuple(sorted(c.items())), aligned, divs) not in self.launchers]
+        workers = min(compile_threads(), len(todo))
+        if workers < 2:
+            return
+        self.fn                                        # (exec the kernel's text once, on this thread)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(workers, thread_name_prefix="stax-compile") as pool:
+            list(pool.map(lambda c: self._build(c, aligned, divs, quiet=True), todo))
 
     # -- Algorithm 9.1 --
     def _autotune(self, numels: dict, args) -> Config:
@@ -457,6 +479,7 @@ class CachingAutotuner:
             chosen, self.best_ms = _RECORDS[key]
             return chosen
         start = time.perf_counter()
+        self._precompile(cands, args)
         saved = self._protect(args)
         times = []
         for i, cfg in enumerate(cands):
@@ -575,6 +598,12 @@ class CachingAutotuner:
 
     def _compile(self, cfg: Config, aligned: bool, divs: tuple = ()):
         """Compile for this GPU once per configuration; cubins are cached on disk by content."""
+        cubin, info = self._build(cfg, aligned, divs)
+        return cuda_triton.launcher_for_triton(cubin, info, list(self.signature.values()))
+
+    def _build(self, cfg: Config, aligned: bool, divs: tuple, quiet: bool = False):
+        """(cubin, info) of one configuration: from the cubin cache, else compiled and saved.
+        `quiet` (a `_precompile` thread): a failure is left for `_compile` to raise again."""
         props = cuda.get_device_properties()
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
@@ -583,13 +612,23 @@ class CachingAutotuner:
         path = cache.folder("cubin") / f"{self.name}_{key}.bin"
         entry = _load_cubin(path)
         if entry is not None:
-            cubin, info = entry
-        else:
+            return entry
+        try:
             cubin, info, _ = cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs,
                                                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                                                  cc=cc, attrs=self._attrs(aligned, divs))
-            _save_cubin(path, cubin, info)
-        return cuda_triton.launcher_for_triton(cubin, info, list(self.signature.values()))
+        except Exception:
+            if quiet:
+                return None
+            raise
+        _save_cubin(path, cubin, info)
+        return cubin, info
+
+
+def compile_threads() -> int:
+    """Threads that build a kernel's candidates at once (`STAX_COMPILE_THREADS`; 1: one by one)."""
+    env = os.environ.get("STAX_COMPILE_THREADS")
+    return max(1, int(env)) if env else max(1, min(8, os.cpu_count() or 1))
 
 
 def _pow2_divisor(n: int) -> int:

@@ -181,6 +181,14 @@ def wrapper_launches(sched, calls, indent: str) -> list:
     return lines
 
 
+def pyoutputs(low) -> list:
+    """`call`'s return values: buffer names, constants, and a whole buffer under another shape
+    as `reshaped_output(buf, shape)` (a tensor of its own over the buffer's memory)."""
+    return [pyname(o) if isinstance(o, str) else
+            f"reshaped_output({pyname(o.buffer)}, {pyshape(o.layout.shape)})" if isinstance(o, ReinterpretView)
+            else pylit(o) for o in low.outputs]
+
+
 def extern_call(e, unbacked: dict, dtype_text: str, checks=()) -> list:
     """§6.1: a fallback kernel's line, the data-dependent sizes (unbacked symbols) it defines, and
     the stax._check relations (§10.5) that become checkable once they are defined."""

@@ -477,3 +477,60 @@ def test_kernels_of_a_few_microseconds_run_the_default_unmeasured(monkeypatch, t
     k.mode = "max-autotune"
     k._autotune(numels, ())
     assert measured
+
+
+_PRECOMPILE = """
+import json, sys, threading
+from types import SimpleNamespace
+import stax
+from stax import cuda, cuda_triton, triton_heuristics as th
+cuda.get_device_properties = lambda: SimpleNamespace(name="fake H200", cc=(9, 0))
+gen = stax.generate(lambda x: x * 2 + 1, stax.randn(4096), device="cuda")
+(name, source), = gen.kernels.items()
+k = th.kernel_from_source(name, source)
+cands = th.candidates(k.kind, {"xnumel": 4096})[:4]
+bad, built, real = cands[-1], [], cuda_triton.compile_triton
+
+def compile_triton(fn, signature, constexprs, **kw):
+    built.append(threading.current_thread().name)
+    if (constexprs, kw["num_warps"], kw["num_stages"]) == (
+            {x: v for x, v in bad.items() if x.isupper()}, bad["num_warps"], bad["num_stages"]):
+        raise RuntimeError("this candidate does not compile")
+    return real(fn, signature, constexprs, **kw)
+cuda_triton.compile_triton = compile_triton
+ptr = SimpleNamespace(data_ptr=lambda: 1 << 20)
+args = (ptr, ptr, 4096)
+k._precompile(cands, args)
+out = {"name": name, "n": len(cands), "threads": list(built), "threads_default": th.compile_threads()}
+built.clear()
+out["elf"] = [k._build(c, True, k._divs(args))[0][:4] == b"\\x7fELF" for c in cands[:-1]]
+out["rebuilt"] = list(built)
+try:
+    k._build(bad, True, k._divs(args))
+except RuntimeError as e:
+    out["error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_candidates_are_built_side_by_side_then_loaded_from_the_cubin_cache(tmp_path):
+    """`_precompile`: a kernel's candidates compile for sm_90 in threads (no GPU needed) before
+    Algorithm 9.1 measures them one by one; each cubin lands in the cache where `_build` then finds
+    it (nothing compiles twice), and a candidate that fails is left for `_compile` to raise. (In a
+    process of its own: this session's triton runs as the interpreter.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(STAX_CACHE_DIR=str(tmp_path), STAX_COMPILE_THREADS="3")
+    run = subprocess.run([sys.executable, "-c", _PRECOMPILE], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["n"] >= 2 and len(out["threads"]) == out["n"] and out["threads_default"] == 3
+    assert all(t.startswith("stax-compile") for t in out["threads"])
+    assert len(list((tmp_path / "cubin").glob(f"{out['name']}_*.bin"))) == out["n"] - 1
+    assert out["elf"] == [True] * (out["n"] - 1) and out["rebuilt"] == []
+    assert out["error"] == "this candidate does not compile"
