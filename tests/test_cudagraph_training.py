@@ -104,9 +104,13 @@ def test_training_loop_replays_both_artifacts_and_equals_no_graphs(fake, opt_nam
     entry = entry_of(f)
     fwd, bwd = entry.forward, entry.backward
     assert isinstance(fwd, cudagraph.GraphedCall) and isinstance(bwd, cudagraph.GraphedCall)
-    for g in (fwd, bwd):                    # warm-up, then recorded once and replayed every step
-        assert g.stats["direct"] == 1 and g.stats["records"] == 1 and g.stats["replays"] == steps - 1
-    assert fake.graphs == 2
+    # warm-up, then recorded once and replayed every step; once more at most when the allocator
+    # happened to hand a new batch the address of the last one (it looked static, then moved:
+    # GraphedCall stages it from then on), a second record that replaces the first
+    for g in (fwd, bwd):
+        assert g.stats["direct"] == 1 and g.stats["records"] in (1, 2)
+        assert steps - 2 <= g.stats["replays"] <= steps - 1
+    assert 2 <= fake.graphs <= 4
 
 
 def test_grads_in_dot_grad_do_not_alias_the_next_replay(fake, monkeypatch, capsys):
