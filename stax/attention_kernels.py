@@ -746,15 +746,6 @@ def decode_configs() -> list:
             for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (32, 4, 3))]
 
 
-# The backward kernels (attention_grad.py; their launches carry meta {"backward": 1}) hold four
-# [BLOCK_M, BLOCK_N] score tiles and six [BLOCK, D] tiles at once: smaller blocks than the
-# forward's, 8 warps for the largest. Built for sm_90 (ptxas' stack frame: 0 bytes), none of
-# these spills for float32 up to head dim 64 and half types up to 128; float32 past 64 fits
-# only 16 x 16 blocks
-_BACKWARD_TABLE = ((128, 32, 8, 3), (64, 16, 4, 2), (64, 32, 4, 2), (64, 16, 8, 2), (32, 16, 4, 2))
-_BACKWARD_FP32_WIDE = ((16, 16, 4, 1),)
-
-
 def attention_configs(numels: dict, kind: str = "attention") -> list:
     """Candidates (BLOCK_M, BLOCK_N, warps, stages), clamped to the sizes, BLOCK_M/BLOCK_N at most
     the block mask's blocks; the first is the default. Head dim 128 keeps BLOCK_N at 64 or less
@@ -771,8 +762,6 @@ def attention_configs(numels: dict, kind: str = "attention") -> list:
              if wide else
              ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
               (128, 64, 8, 4)))
-    if numels.get("backward"):
-        table = _BACKWARD_FP32_WIDE if wide and numels.get("fp32") else _BACKWARD_TABLE
     out = []
     for bm, bn, warps, stages in table:
         cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": warps,
