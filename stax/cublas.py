@@ -536,26 +536,6 @@ def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> N
 # ---- §9.8 Alg. 9.1: the template against cuBLASLt ----
 
 
-def _time_ms(run) -> float:
-    """Median time of one call in ms (CUDA events, after a warm-up), as the autotuner measures."""
-    run()
-    e0, e1 = cuda.Event(), cuda.Event()
-    e0.record()
-    run()
-    e1.record()
-    e1.synchronize()
-    reps = max(1, min(100, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
-    samples = []
-    for _ in range(5):
-        e0.record()
-        for _ in range(reps):
-            run()
-        e1.record()
-        e1.synchronize()
-        samples.append(e0.elapsed_time(e1) / reps)
-    return sorted(samples)[len(samples) // 2]
-
-
 def _is_record(r) -> bool:
     return isinstance(r, dict) and r.get("winner") in ("template", "extern") and \
         all(isinstance(r.get(k), (int, float)) for k in ("template_ms", "extern_ms"))
@@ -597,9 +577,9 @@ class MatmulChoice:
         if record is None:
             template()                 # the template's own tuning and compiles, before it is timed
             cuda.synchronize()
-            t_template = _time_ms(template)
+            t_template = cuda.median_ms(template)
             try:
-                t_extern = _time_ms(extern)
+                t_extern = cuda.median_ms(extern)
             except CublasError as e:
                 _log(f"{self.name}: {e}; the template runs")
                 template()

@@ -817,6 +817,27 @@ class Event:
             pass
 
 
+def median_ms(run) -> float:
+    """Median time of one call of `run` in ms (CUDA events, after a warm-up; enough repetitions per
+    sample for about a millisecond): how Alg. 9.1 times a candidate (triton_heuristics, cublas)."""
+    run()
+    e0, e1 = Event(), Event()
+    e0.record()
+    run()
+    e1.record()
+    e1.synchronize()
+    reps = max(1, min(100, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
+    samples = []
+    for _ in range(5):
+        e0.record()
+        for _ in range(reps):
+            run()
+        e1.record()
+        e1.synchronize()
+        samples.append(e0.elapsed_time(e1) / reps)
+    return sorted(samples)[len(samples) // 2]
+
+
 # ---- §9.7 CUDA graphs (capture of the default stream) ----
 
 class CUDAGraph:

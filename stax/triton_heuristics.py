@@ -548,22 +548,7 @@ class CachingAutotuner:
             return math.inf
         if launcher.kernel.local_size_bytes > 0:
             return math.inf                    # spills registers to local memory
-        launcher(grid, ptrs)
-        e0, e1 = cuda.Event(), cuda.Event()
-        e0.record()
-        launcher(grid, ptrs)
-        e1.record()
-        e1.synchronize()
-        reps = max(1, min(100, int(1.0 / max(e0.elapsed_time(e1), 1e-3))))
-        samples = []
-        for _ in range(5):
-            e0.record()
-            for _ in range(reps):
-                launcher(grid, ptrs)
-            e1.record()
-            e1.synchronize()
-            samples.append(e0.elapsed_time(e1) / reps)
-        return sorted(samples)[len(samples) // 2]
+        return cuda.median_ms(lambda: launcher(grid, ptrs))
 
     def _protect(self, args) -> list:
         """Copies of the buffers this kernel updates in place, so tuning never changes a result."""

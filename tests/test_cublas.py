@@ -379,7 +379,7 @@ def test_choice_measures_both_and_records_the_winner(monkeypatch):
     monkeypatch.setattr(cuda, "get_device_properties", lambda: cuda.H200_PROPERTIES)
     ran = []
     times = {"template": 2.0, "extern": 1.0}
-    monkeypatch.setattr(cublas, "_time_ms", lambda run: (run(), times[run.__name__])[1])
+    monkeypatch.setattr(cublas.cuda, "median_ms", lambda run: (run(), times[run.__name__])[1])
 
     def template():
         ran.append("template")
@@ -394,7 +394,7 @@ def test_choice_measures_both_and_records_the_winner(monkeypatch):
     c.run(template, extern)
     assert ran == ["extern"]
     times.update(template=0.5)          # a later process reads the record: it measures nothing
-    monkeypatch.setattr(cublas, "_time_ms", lambda run: pytest.fail("measured again"))
+    monkeypatch.setattr(cublas.cuda, "median_ms", lambda run: pytest.fail("measured again"))
     c2 = cublas.MatmulChoice("mm_choice_0", key)
     c2.run(template, extern)
     assert c2.chosen == "extern"
