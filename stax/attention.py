@@ -55,7 +55,7 @@ from .attention_kernels import (ModBody, apply_mask, as_operand, attention_score
 from . import autograd
 from .autograd import is_grad_enabled, no_grad, record
 from .dtypes import float32, int32
-from .tensor import Tensor, _meta, _op, current_tracer, empty, from_numpy
+from .tensor import SymbolicInt, Tensor, _meta, _op, current_tracer, empty, from_numpy
 
 BACKENDS = ("TRITON", "TRITON_DECODE", "CPP")
 
@@ -512,6 +512,9 @@ def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
         tracer.graph_break("omni_attention(return_lse=True) under stax.compile (the LSE is no graph output)")
     if backend == "TRITON_DECODE":
         tracer.graph_break("omni_attention with BACKEND='TRITON_DECODE' (two kernels of its own)")
+    if any(isinstance(n, SymbolicInt) for n in tuple(q.shape) + tuple(k.shape)):
+        tracer.graph_break("omni_attention with symbolic sizes (dynamic shapes): its templates take "
+                           "static sizes; mark these dims static (stax.mark_static) to compile it")
     spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale)
     if spec is None:
         tracer.graph_break(f"omni_attention on q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype.name}: no "

@@ -772,3 +772,14 @@ def test_backward_with_an_attention_mask(rng, kind):
         grads = stax.attention_backward(do.to(dev), *args, out, lse, attn_mask=mask.to(dev))
         for g, r in zip(grads, refs):
             assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
+
+
+def test_omni_attention_under_dynamic_shapes_runs_eagerly_and_equals_eager(rng):
+    """Its templates take static sizes: with dynamic=True omni_attention is a graph break (eager,
+    exact), never the internal error the C++ template's spec once raised on symbolic sizes."""
+    q, k, v = (randn(rng, (1, 2, 33, 16)) for _ in range(3))
+    bm = stax.create_block_mask(lambda b, h, i, j: i >= j, None, None, 33, 33)
+    for mask in (None, bm):
+        f = stax.compile(lambda q, k, v: stax.omni_attention(q, k, v, block_mask=mask) * 2, dynamic=True)
+        assert_close(f(q, k, v), stax.omni_attention(q, k, v, block_mask=mask) * 2, stax.float32)
+        assert f.stats["eager_calls"] == 1
