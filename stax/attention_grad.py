@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_kernels import (PTR_TYPES, TL_DTYPES, AttentionSpec, ModBody, Operand, _expand_heads,
-                                _extern_operand, _full_head_dim, _next_pow2, apply_mask,
+                                _extern_operand, _next_pow2, apply_mask, kernel_source,
                                 attention_scores, make_spec)
 
 
@@ -124,6 +124,14 @@ def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> 
     return [indent + x for x in lines], keep, factor
 
 
+def _bwd_tile(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+    """What a backward tile of scores `var` applies, in order: score_mod and mask_mod
+    (`_bwd_mods`), then the attention mask (`_bwd_mask`): (lines, extra keep term, factor)."""
+    mod_lines, mod_keep, factor = _bwd_mods(bs, rows, cols, var, indent)
+    mask_lines, mask_keep = _bwd_mask(bs.fwd, rows, cols, var, indent)
+    return mod_lines + mask_lines, mod_keep + mask_keep, factor
+
+
 def _dkdv_body(bs: BackwardSpec) -> list:
     """One program per BLOCK_M keys of one (batch, key head): for every query head of its group
     and every query block, P^T = exp(S^T - LSE), dV += P^T dO, dS^T = P^T (dP^T - delta),
@@ -135,9 +143,7 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
     qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
-    mask_lines, mask_keep = _bwd_mask(s, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
-    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
-    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
+    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
     return _bwd_head(s) + [
         "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
         "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
@@ -179,9 +185,7 @@ def _dq_body(bs: BackwardSpec) -> list:
     hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
     row = "(rm[:, None] < M) & (rd[None, :] < D)"
-    mask_lines, mask_keep = _bwd_mask(s, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
-    mod_lines, mod_keep, factor = _bwd_mods(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
-    mask_lines, mask_keep = mod_lines + mask_lines, mod_keep + mask_keep
+    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
     return _bwd_head(s) + [
         "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
         f"hk = h // {h // hk}",
@@ -221,12 +225,8 @@ def backward_templates(bs: BackwardSpec, index: int | None = None) -> list:
         name = f"triton_tem_fused_attention_bwd_{kind}" + ("" if index is None else f"_{index}")
         sig = ins | {f"out_ptr{i}": ptr for i in range(outs)} | {
             k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
-        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
-        src = (f"# {name}: the attention backward (§9.10), P = exp(S - LSE) recomputed per block\n"
-               f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
-               f"@triton.jit\n"
-               f"def {name}({', '.join(list(sig) + ['BLOCK_M : tl.constexpr', 'BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
+        src = kernel_source(name, "the attention backward (§9.10), P = exp(S - LSE) recomputed per block",
+                            "attention", numels, sig, ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], body, d)
         out.append((name, src, numels))
     return out
 

@@ -336,20 +336,27 @@ def launch_numels(spec: AttentionSpec) -> list:
     return [b * h, m, n, d, sq, skv]
 
 
+def kernel_source(name: str, comment: str, decorator: str, numels: list, sig: dict, consts: list,
+                  body: list, d: int) -> str:
+    """One attention kernel's text: its comment line, the `triton_heuristics` decorator with the
+    size hints of its numel arguments (B·H, M, N, D, the block mask's blocks), the signature and
+    constexprs, the body with the head dim padded (`_full_head_dim`)."""
+    hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+    return (f"# {name}: {comment}\n"
+            f"@triton_heuristics.{decorator}(size_hints={hints!r}, signature={sig!r})\n"
+            f"@triton.jit\n"
+            f"def {name}({', '.join(list(sig) + consts)}):\n"
+            + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
+
+
 def attention_template(index: int, spec: AttentionSpec) -> tuple:
     """(kernel name, kernel source). The launch passes q, k, v [, mask] [, the four block-mask
     arrays], out, lse (float32, [B·H·M]), then `launch_numels(spec)`."""
     name = f"triton_tem_fused_attention_{index}"
-    sig = _signature(spec)
-    hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in launch_numels(spec))))
-    consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"]
     what = ", ".join(dict.fromkeys(spec.origins)) or "attention"
-    src = (f"# {name}: computes {what} (flash attention, §9.10)\n"
-           f"@triton_heuristics.attention(size_hints={hints!r}, signature={sig!r})\n"
-           f"@triton.jit\n"
-           f"def {name}({', '.join(list(sig) + consts)}):\n"
-           + "\n".join("    " + line for line in _full_head_dim(_body(spec), spec.dims[5])) + "\n")
-    return name, src
+    return name, kernel_source(name, f"computes {what} (flash attention, §9.10)", "attention",
+                               launch_numels(spec), _signature(spec),
+                               ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], _body(spec), spec.dims[5])
 
 
 # ---- §9.10 The template from a graph's `sdpa` node (codegen_triton.py) ----
@@ -517,13 +524,8 @@ def decode_templates(spec: AttentionSpec, splits: int, chunk: int) -> list:
             ("split", _decode_split_body(spec, splits, chunk), split_sig, [b * h, splits, chunk, d, 0, 0]),
             ("merge", _decode_merge_body(spec, splits), merge_sig, [b * h, 1, splits, d, 0, 0])):
         name = f"triton_tem_fused_attention_decode_{kind}"
-        sig = sig | numel_sig
-        hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
-        src = (f"# {name}: decode attention (§9.10), the keys split in {splits}, triples merged\n"
-               f"@triton_heuristics.attention_decode(size_hints={hints!r}, signature={sig!r})\n"
-               f"@triton.jit\n"
-               f"def {name}({', '.join(list(sig) + ['BLOCK_N : tl.constexpr'])}):\n"
-               + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
+        src = kernel_source(name, f"decode attention (§9.10), the keys split in {splits}, triples merged",
+                            "attention_decode", numels, sig | numel_sig, ["BLOCK_N : tl.constexpr"], body, d)
         out.append((name, src, numels))
     return out
 
