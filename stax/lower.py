@@ -681,6 +681,9 @@ class _Lowering:
     def dtype_of(self, name):
         return next(b.dtype for b in self.inputs + self.buffers if b.name == name)
 
+    def buffer_layout(self, name):
+        return next(b.layout for b in self.inputs + self.buffers if b.name == name)
+
     def realize(self, v: Value, layout: Layout | None = None, origins=()) -> Value:
         """Store a value in a buffer of its own, contiguous or with `layout` (if it is not in one
         already; with `layout`, always, named for `origins` too)."""
@@ -771,8 +774,7 @@ class _Lowering:
                 wanted = None
                 if self.operand_strides is not None:
                     layout = (view.layout if view is not None else
-                              next(b.layout for b in self.inputs + self.buffers if b.name == a.buffer)
-                              if a.buffer is not None else Layout(tuple(a.shape), contiguous_strides(a.shape)))
+                              self.buffer_layout(a.buffer) if a.buffer is not None else Layout(tuple(a.shape), contiguous_strides(a.shape)))
                     wanted = self.operand_strides(node, position, layout)
                 if wanted is not None:
                     ins.append(self.realize(a, Layout(tuple(a.shape), tuple(wanted)), [node.name]).buffer)
@@ -794,9 +796,6 @@ class _Lowering:
         name, lay = (x.buffer, x.layout) if isinstance(x, ReinterpretView) else (x, self.buffer_layout(x))
         return ReinterpretView(name, Layout(batch + tuple(lay.shape), (0,) * len(batch) + tuple(lay.stride),
                                             lay.offset))
-
-    def buffer_layout(self, name):
-        return next(b.layout for b in self.inputs + self.buffers if b.name == name)
 
     def _whole_buffer_reshape(self, v: Value, taken: set) -> ReinterpretView | None:
         """v as all of one contiguous computed buffer under another contiguous shape (no copy
