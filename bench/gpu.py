@@ -22,6 +22,8 @@ when torch is importable, torch.compile's time (triton.testing.do_bench) and the
 It also measures the host time per launch, the cold compile of a one-kernel function (after
 `import stax` and device start) and the same with the on-disk cache warm.
 
+`python bench/gpu.py coldmlp` times issue 14's tuning cost: the 4-layer MLP block's cold compile
+(fresh caches, a new process, default mode) and its warm-cache first call.
 `python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
 A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
@@ -466,6 +468,43 @@ f = stax.compile(lambda x: (x * 2 + 1).relu())
 t0 = time.perf_counter(); f(x); cuda.synchronize(); t = time.perf_counter() - t0
 print("SECONDS", t, "triton_loaded", 'triton' in sys.modules)
 """
+
+
+COLD_MLP = r"""
+import time, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
+import numpy as np
+import stax
+from stax import cuda
+import gpu
+rng = np.random.default_rng(0)
+fn, _, arrays, dt = gpu.launch_bound_inputs(rng)["mlp_bf16_b8"]
+args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16) for a in arrays]
+cuda.synchronize()
+f = stax.compile(fn)
+t0 = time.perf_counter(); f(*args); cuda.synchronize(); t = time.perf_counter() - t0
+print("SECONDS", t, "kernels", len(f.last_generated.kernels))
+"""
+
+
+def mlp_compile_times():
+    """Issue 14's tuning cost: the cold compile (fresh Stax and Triton caches, a new process) of the
+    4-layer MLP block (four 1024x1024 bf16 matmuls at batch 8, default mode), then a warm-cache
+    process. `python bench/gpu.py coldmlp`."""
+    import tempfile
+    root = os.path.join(os.path.dirname(__file__), "..")
+    base = dict(os.environ)
+    base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
+    subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
+    env = dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
+               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    out = []
+    for what in ("cold compile", "warm on-disk cache"):
+        r = subprocess.run([sys.executable, "-c", COLD_MLP.format(root=root)], env=env, capture_output=True, text=True)
+        line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
+        print(f"MLP block, {what}:", line[0] if line else r.stdout + r.stderr[-2000:], flush=True)
+        out.append(float(line[0].split()[1]) if line else float("nan"))
+    return out
 
 
 def compile_times():
@@ -1056,6 +1095,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"convs": rows}, fh, indent=1)
+        return
+    if "coldmlp" in argv:               # issue 14's tuning cost: the MLP block's cold compile
+        cold, warm = mlp_compile_times()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"mlp_cold_s": cold, "mlp_warm_s": warm}, fh, indent=1)
         return
     if "adamw" in argv:                 # issue 16's optimizer step only
         row = adamw_step()
