@@ -495,6 +495,7 @@ def mlp_compile_times():
     root = os.path.join(os.path.dirname(__file__), "..")
     base = dict(os.environ)
     base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
+    base.pop("PYTHONDONTWRITEBYTECODE", None)     # bytecode present, as after `pip install`
     subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
     env = dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
