@@ -778,8 +778,13 @@ class _Lowering:
                     wanted = self.operand_strides(node, position, layout)
                 if wanted is not None:
                     ins.append(self.realize(a, Layout(tuple(a.shape), tuple(wanted)), [node.name]).buffer)
+                elif view is not None:
+                    ins.append(view)
                 else:
-                    ins.append(view if view is not None else self.realize(a).buffer)
+                    a = self.realize(a)
+                    if hasattr(node.inputs[position], "op"):    # later readers (a transposed view
+                        self.env[node.inputs[position]] = a     # for the weight's gradient) reuse it
+                    ins.append(a.buffer)
             else:
                 ins.append(a)
         if node.op == "matmul" and len(node.meta.shape) > len(args[1].shape) == 2:
@@ -817,13 +822,18 @@ class _Lowering:
         rows read as (B*T, C) by a folded matmul: a second pass over the rows)."""
         chain = []                      # (views that keep every element: the value is not bigger)
         while hasattr(x, "op") and x.op in ("reshape", "permute"):
+            if chain and (self.env[x].buffer is not None or strided_view(self.env[x], self.dtype_of) is not None):
+                break                   # already a view of a stored value (an earlier operand's)
             chain.append(x)
             x = x.inputs[0]
-        if not chain or not hasattr(x, "op") or self.env[x].buffer is not None:
+        if not chain or not hasattr(x, "op"):
             return None
-        self.env[x] = v = self.realize(self.env[x])
-        for n in reversed(chain):
-            v = _lower_view(n, v)
+        v = self.env[x]
+        if v.buffer is None and strided_view(v, self.dtype_of) is None:
+            self.env[x] = v = self.realize(v)
+        for n in reversed(chain):       # the views read the stored value: a later operand that is
+            v = _lower_view(n, v)       # another view of it (the weight gradient's transpose)
+            self.env[n] = v             # reads the same buffer instead of computing it again
         return v
 
     # step 3: every tensor output is stored in a buffer of its own (inputs and views are copied)
