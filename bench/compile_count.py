@@ -1,0 +1,99 @@
+"""Issue 14 on the CPU: the Triton compiles a cold first call of the 4-layer MLP block makes.
+
+`python bench/compile_count.py [--threads N] [--extern-wins]` runs, in a fresh process with fresh
+Stax and Triton caches and no GPU, what the first call's launches do at compile time: each kernel
+of `mlp_block` (bench/gpu.py; its text from `stax.generate(..., device="cuda")`) goes through
+Algorithm 9.1 as `CachingAutotuner.choose_config` runs it (its candidates, the threads of
+`_precompile`, the shared tuning records, the cubin cache), for sm_90 on a fake H200, with the
+timing of a candidate replaced by a constant (the heuristic default wins). Every real
+`triton.compile` is counted and timed. `--extern-wins`: cuBLASLt wins the first GEMM's choice, so
+the other three GEMMs never launch the template (the wrapper's `mm_choice` runs the extern).
+
+It prints one line per kernel launch (what it compiled, seconds) and a total line:
+`COMPILES n  TRITON_SECONDS s  WALL s`. The H200 figure is `python bench/gpu.py coldmlp`.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+CHILD = r"""
+import json, re, sys, threading, time
+from types import SimpleNamespace
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
+import numpy as np
+import stax, gpu
+from stax import cuda, cuda_triton, triton_heuristics as th
+cuda.get_device_properties = lambda: SimpleNamespace(name="fake H200", cc=(9, 0))
+cuda.interpreting = lambda: False
+fn, _, arrays, _ = gpu.launch_bound_inputs(np.random.default_rng(0))["mlp_bf16_b8"]
+args = [stax.from_numpy(a.astype(np.float32)).to(stax.bfloat16) for a in arrays]
+t0 = time.perf_counter()
+gen = stax.generate(fn, *args, device="cuda")
+t_generate = time.perf_counter() - t0
+compiles, lock, real = [], threading.Lock(), cuda_triton.compile_triton
+
+def compile_triton(fn, *a, **kw):
+    t = time.perf_counter()
+    out = real(fn, *a, **kw)
+    with lock:
+        compiles.append((fn.__name__, time.perf_counter() - t))
+    return out
+cuda_triton.compile_triton = compile_triton
+
+def measure(k):
+    # Alg. 9.1's timing of one candidate, without a GPU: its cubin is built (as _launcher would),
+    # the default (first candidate) measures fastest
+    def fake(cfg, numels, args):
+        k._build(cfg, True, k._divs(args))
+        return 1.0 if cfg == th.candidates(k.kind, numels, k.reduction_hint, k.r0_block)[0] else 2.0
+    return fake
+
+ptr = SimpleNamespace(data_ptr=lambda: 1 << 20)
+kernels, gemms_launched, rows = {{}}, 0, []
+t0 = time.perf_counter()
+for name, rest in re.findall(r"(triton_\w+)\.run\((.*), stream=", gen.wrapper):
+    if name.startswith("triton_tem") and {extern_wins} and gemms_launched:
+        continue                      # mm_choice_N runs cuBLASLt: the template never launches
+    gemms_launched += name.startswith("triton_tem")
+    k = kernels.get(name) or kernels.setdefault(name, th.kernel_from_source(name, gen.kernels[name]))
+    k._measure, k._protect, k._restore = measure(k), (lambda a: []), (lambda s: None)
+    launch = tuple(int(a) if a.isdigit() else ptr for a in rest.split(", "))
+    numels = dict(zip(k.numel_names, launch[len(launch) - len(k.numel_names):]))
+    before, t = len(compiles), time.perf_counter()
+    cfg = k.choose_config(numels, launch)
+    k._build(cfg, True, k._divs(launch))       # the launch itself (_launcher -> _compile)
+    rows.append({{"kernel": name, "compiles": len(compiles) - before,
+                 "seconds": round(time.perf_counter() - t, 3), "config": cfg}})
+print("RESULT " + json.dumps({{"rows": rows, "compiles": len(compiles),
+                              "triton_seconds": sum(s for _, s in compiles),
+                              "wall": time.perf_counter() - t0, "generate": t_generate,
+                              "threads": th.compile_threads()}}))
+"""
+
+
+def main(argv):
+    threads = argv[argv.index("--threads") + 1] if "--threads" in argv else None
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-count-"),
+               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-count-"))
+    if threads:
+        env["STAX_COMPILE_THREADS"] = threads
+    code = CHILD.format(root=ROOT, extern_wins="--extern-wins" in argv)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    if r.returncode or not line:
+        sys.exit(r.stdout[-3000:] + r.stderr[-3000:])
+    out = json.loads(line[0][len("RESULT "):])
+    for row in out["rows"]:
+        cfg = ", ".join(f"{k}={v}" for k, v in row["config"].items())
+        print(f"{row['kernel']:24s} compiles {row['compiles']:2d}  {row['seconds']:6.2f} s  chose {cfg}")
+    print(f"(stax.generate {out['generate']:.2f} s; {out['threads']} compile thread(s))")
+    print(f"COMPILES {out['compiles']}  TRITON_SECONDS {out['triton_seconds']:.2f}  WALL {out['wall']:.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
