@@ -24,6 +24,8 @@ It also measures the host time per launch, the cold compile of a one-kernel func
 
 `python bench/gpu.py coldmlp` times issue 14's tuning cost: the 4-layer MLP block's cold compile
 (fresh caches, a new process, default mode) and its warm-cache first call.
+`python bench/gpu.py smallm` times that block's GEMM under every candidate of the template's table
+(the GPU alone, in a CUDA graph), before and after issue 14's small-M candidate list.
 `python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
 A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
@@ -484,6 +486,14 @@ cuda.synchronize()
 f = stax.compile(fn)
 t0 = time.perf_counter(); f(*args); cuda.synchronize(); t = time.perf_counter() - t0
 print("SECONDS", t, "kernels", len(f.last_generated.kernels))
+from stax import cache                 # what Alg. 9.1 measured (the records this process wrote)
+for p in sorted(cache.folder("autotune").glob("*.json")):
+    r = cache.read_sealed_json(p, lambda r: isinstance(r, dict), "a record")
+    if r and "candidate_ms" in r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], "chosen", r["config"], "candidate ms",
+              [round(x, 4) for x in r["candidate_ms"]], "of", len(r["candidates"]))
+    elif r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], {{k: v for k, v in r.items() if k != "key"}})
 """
 
 
@@ -504,8 +514,52 @@ def mlp_compile_times():
         r = subprocess.run([sys.executable, "-c", COLD_MLP.format(root=root)], env=env, capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
         print(f"MLP block, {what}:", line[0] if line else r.stdout + r.stderr[-2000:], flush=True)
+        for rec in (l for l in r.stdout.splitlines() if l.startswith("RECORD") and what.startswith("cold")):
+            print("  " + rec, flush=True)
         out.append(float(line[0].split()[1]) if line else float("nan"))
     return out
+
+
+def small_m_gemm():
+    """Issue 14's check that the small-M candidate list (template_tuning._small_m) keeps the
+    fastest block shape: the MLP block's GEMM (8 x 1024 x 1024 bf16) under every configuration of
+    the template's table clamped to its sizes (the 8 it compiled before, the 2 the cap cut, the 4
+    it compiles now), each timed on the GPU alone (a CUDA graph of 50 launches, so the host's
+    launch time hides nothing) and as Alg. 9.1 times it (cuda.median_ms: launch-bound at this
+    size). `python bench/gpu.py smallm`."""
+    from stax import template_tuning as tt, triton_heuristics as th
+    a = stax.randn(8, 1024, device="cuda").to(stax.bfloat16)
+    b = stax.randn(1024, 1024, device="cuda").to(stax.bfloat16)
+    out = stax.empty(8, 1024, device="cuda", dtype=stax.bfloat16)
+    gen = stax.generate(lambda a, b: a @ b, a, b, device="cuda")
+    (name,) = [n for n in gen.kernels if n.startswith("triton_tem")]
+    k = th.kernel_from_source(name, gen.kernels[name])
+    numels = {"bnumel": 1, "mnumel": 8, "nnumel": 1024, "knumel": 1024, **k.meta}
+    now = th.candidates("template", numels)
+    small, tt.SMALL_M = tt.SMALL_M, 0
+    try:
+        table = tt.template_configs(numels)
+    finally:
+        tt.SMALL_M = small
+    before = table[:8]
+    args = (a, b, out, 1, 8, 1024, 1024)
+    ptrs = [x if isinstance(x, int) else x.data_ptr() for x in args]
+    rows = []
+    for cfg in table + [c for c in now if c not in table]:
+        launcher, grid = k._launcher(cfg, True, args), k.grid(numels, cfg)
+        g = cuda.CUDAGraph()
+        with g:
+            for _ in range(50):
+                launcher(grid, ptrs)
+        gpu_us = cuda.median_ms(g.replay) / 50 * 1e3
+        rows.append({"config": {x: cfg[x] for x in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
+                     "gpu_us": round(gpu_us, 2), "alg91_us": round(cuda.median_ms(lambda: launcher(grid, ptrs)) * 1e3, 2),
+                     "before": cfg in before, "now": cfg in now, "spills": launcher.kernel.local_size_bytes > 0})
+        print(json.dumps(rows[-1]), flush=True)
+    best = {w: min(r["gpu_us"] for r in rows if r[w]) for w in ("before", "now")}
+    print(f"best GPU time of the candidates compiled before: {best['before']:.2f} us, now: {best['now']:.2f} us "
+          f"({'kept' if best['now'] <= best['before'] * 1.02 else '**SLOWER**'})")
+    return rows
 
 
 def compile_times():
@@ -1102,6 +1156,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"mlp_cold_s": cold, "mlp_warm_s": warm}, fh, indent=1)
+        return
+    if "smallm" in argv:                # issue 14: the small-M GEMM's candidates, each timed
+        rows = small_m_gemm()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"small_m": rows}, fh, indent=1)
         return
     if "adamw" in argv:                 # issue 16's optimizer step only
         row = adamw_step()
