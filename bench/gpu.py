@@ -483,6 +483,13 @@ rng = np.random.default_rng(0)
 fn, _, arrays, dt = gpu.launch_bound_inputs(rng)["mlp_bf16_b8"]
 args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16) for a in arrays]
 cuda.synchronize()
+if {late_setup}:                       # triton's setup left to the first compile, as before issue 14
+    import threading
+    from stax import cuda_triton
+    done = threading.Thread(target=lambda: None); done.start(); done.join(); cuda_triton._warming.append(done)
+if {full_table}:                       # the GEMM's 8 candidates of before issue 14's small-M list
+    from stax import template_tuning
+    template_tuning.SMALL_M = 0
 f = stax.compile(fn)
 t0 = time.perf_counter(); f(*args); cuda.synchronize(); t = time.perf_counter() - t0
 print("SECONDS", t, "kernels", len(f.last_generated.kernels))
@@ -500,24 +507,32 @@ for p in sorted(cache.folder("autotune").glob("*.json")):
 def mlp_compile_times():
     """Issue 14's tuning cost: the cold compile (fresh Stax and Triton caches, a new process) of the
     4-layer MLP block (four 1024x1024 bf16 matmuls at batch 8, default mode), then a warm-cache
-    process. `python bench/gpu.py coldmlp`."""
+    process; then, each cold, the two changes of issue 14 that can be undone in a process: triton's
+    setup left to the first compile, and the GEMM's full 8 candidates. `python bench/gpu.py coldmlp`."""
     import tempfile
     root = os.path.join(os.path.dirname(__file__), "..")
     base = dict(os.environ)
     base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
     base.pop("PYTHONDONTWRITEBYTECODE", None)     # bytecode present, as after `pip install`
     subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
-    env = dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
-               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    def fresh():
+        return dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
+                    TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    env = fresh()
     out = []
-    for what in ("cold compile", "warm on-disk cache"):
-        r = subprocess.run([sys.executable, "-c", COLD_MLP.format(root=root)], env=env, capture_output=True, text=True)
+    for what, late_setup, full_table in (("cold compile", False, False), ("warm on-disk cache", False, False),
+                                         ("cold, triton's setup at the first compile", True, False),
+                                         ("cold, the GEMM's 8 candidates of before", False, True)):
+        if what.startswith("cold") and out:
+            env = fresh()
+        code = COLD_MLP.format(root=root, late_setup=late_setup, full_table=full_table)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
         print(f"MLP block, {what}:", line[0] if line else r.stdout + r.stderr[-2000:], flush=True)
         for rec in (l for l in r.stdout.splitlines() if l.startswith("RECORD") and what.startswith("cold")):
             print("  " + rec, flush=True)
         out.append(float(line[0].split()[1]) if line else float("nan"))
-    return out
+    return out[:2]
 
 
 def small_m_gemm():
