@@ -3,7 +3,8 @@ caches: STAX_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) python bench/g
 
 `--autotune`: the one-kernel function's candidates measured as by default (else the heuristic
 configuration only); `--mlp`: issue 14's 4-layer MLP block (bench/gpu.py `mlp_block`, default
-mode) instead, profiled across threads' own time by `--sort tottime` (default: cumulative)."""
+mode) instead; `--sort tottime`: by own time (default: cumulative). cProfile sees the main thread
+only: candidates compiled in `_precompile`'s threads show as the wait for them."""
 import cProfile
 import pstats
 import sys
