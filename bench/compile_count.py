@@ -11,6 +11,9 @@ the other three GEMMs never launch the template (the wrapper's `mm_choice` runs 
 `--no-warm`: triton's setup (`cuda_triton.warm_compiler`, which an artifact miss starts before
 the lowering) is left to the first compile.
 
+`--pool N`: instead, the start cost of a pool of N spawned processes (each imports triton and
+hashes it) and the first GEMM's candidates compiled in it, against compiling them in this process.
+
 It prints one line per kernel launch (what it compiled, seconds) and a total line:
 `COMPILES n  TRITON_SECONDS s  WALL s  WITH_GENERATE s` (WALL: the launches' compile work;
 WITH_GENERATE: from the artifact miss on, the lowering and printing of the kernels included). The H200 figure is `python bench/gpu.py coldmlp`.
@@ -81,6 +84,62 @@ print("RESULT " + json.dumps({{"rows": rows, "compiles": len(compiles),
 """
 
 
+POOL = r"""
+import sys, time
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
+import concurrent.futures as cf, multiprocessing as mp
+from compile_count import pool_build, pool_ready
+
+if __name__ == "__main__":
+    import numpy as np
+    import stax, gpu
+    from stax import triton_heuristics as th
+    fn, _, arrays, _ = gpu.launch_bound_inputs(np.random.default_rng(0))["mlp_bf16_b8"]
+    gen = stax.generate(fn, *[stax.from_numpy(a.astype(np.float32)).to(stax.bfloat16) for a in arrays],
+                        device="cuda")
+    name = next(n for n in gen.kernels if n.startswith("triton_tem"))
+    k = th.kernel_from_source(name, gen.kernels[name])
+    cands = th.candidates(k.kind, {{**{{f"{{p}}numel": n for p, n in k.size_hints.items()}}, **k.meta}})
+    jobs = ([name] * len(cands), [gen.kernels[name]] * len(cands), cands)
+    t = time.perf_counter()
+    pool_ready()
+    t_here_ready = time.perf_counter() - t
+    here = list(map(pool_build, *jobs))
+    import os, tempfile
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-pool-")   # (no hits on the above)
+    t = time.perf_counter()
+    with cf.ProcessPoolExecutor({workers}, mp_context=mp.get_context("spawn")) as pool:
+        ready = [f.result() for f in [pool.submit(pool_ready) for _ in range({workers})]]
+        t_ready = time.perf_counter() - t
+        t = time.perf_counter()
+        in_pool = list(pool.map(pool_build, *jobs))
+        t_pool = time.perf_counter() - t
+    print(f"pool of {workers}: workers ready (python, import triton, its cache key) after {{t_ready:.2f}} s "
+          f"(import + key {{', '.join(f'{{a:.2f}}' for a in ready)}}); {{len(cands)}} candidates of {{name}} "
+          f"compiled in the pool {{t_pool:.2f}} s (each {{', '.join(f'{{x:.2f}}' for x in in_pool)}})")
+    print(f"in this process: import + key {{t_here_ready:.2f}} s, the {{len(cands)}} candidates one by one "
+          f"{{sum(here):.2f}} s (each {{', '.join(f'{{x:.2f}}' for x in here)}})")
+"""
+
+
+def pool_ready() -> float:
+    """A pool worker's start: import triton and hash it (`triton_key`), as its first compile would."""
+    import time
+    t = time.perf_counter()
+    from triton.runtime.cache import triton_key
+    triton_key()
+    return time.perf_counter() - t
+
+
+def pool_build(name: str, source: str, cfg: dict) -> float:
+    """Seconds to compile one candidate for sm_90 from the kernel's text (a worker's job)."""
+    import time
+    from stax import triton_heuristics as th
+    t = time.perf_counter()
+    th.kernel_from_source(name, source).compile_for(90, cfg)
+    return time.perf_counter() - t
+
+
 def main(argv):
     threads = argv[argv.index("--threads") + 1] if "--threads" in argv else None
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -88,6 +147,11 @@ def main(argv):
                TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-count-"))
     if threads:
         env["STAX_COMPILE_THREADS"] = threads
+    if "--pool" in argv:            # the start cost of a process pool against compiling here
+        code = POOL.format(root=ROOT, workers=int(argv[argv.index("--pool") + 1]))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        print(r.stdout if r.returncode == 0 else r.stdout[-3000:] + r.stderr[-3000:], end="")
+        return
     code = CHILD.format(root=ROOT, extern_wins="--extern-wins" in argv, warm="--no-warm" not in argv)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
