@@ -522,7 +522,10 @@ class CachingAutotuner:
 
     def _floor_ms(self, numels: dict) -> float:
         """An upper estimate of the kernel's memory floor (autotune.memory_floor_ms)."""
-        if self.kind in ("template", "attention", "attention_decode"):
+        if self.kind == "template":            # compute-bound, measured; unless a few rows, launch-bound
+            from .template_tuning import launch_bound
+            return 0.0 if launch_bound(numels) else math.inf
+        if self.kind in ("attention", "attention_decode"):
             return math.inf                    # compute-bound: always worth measuring
         return memory_floor_ms(numels, self.signature)
 

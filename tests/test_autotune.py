@@ -506,6 +506,34 @@ def test_kernels_that_differ_only_in_name_share_one_record_and_one_cubin(monkeyp
     assert th._family("triton_per_fused_12") == "triton_per_fused" and th._family("k") == "k"
 
 
+
+def test_a_launch_bound_gemm_of_few_rows_runs_its_default_unmeasured(monkeypatch, tmp_path):
+    """Issue 14: the MLP block's GEMM (8 x 1024 x 1024 bf16, 2 MB: 0.7 µs at the bandwidth) is
+    shorter than a launch's host time, so timing its candidates back to back times the host; its
+    default (the deepest pipeline) runs, as a generated kernel of a few µs runs its own. 17 rows,
+    or 16 rows whose B takes longer than a launch to stream, are measured; max-autotune searches."""
+    from stax import template_tuning as tt, triton_heuristics as th
+    _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)      # (a fake H200, an empty cache)
+    gemm = th.CachingAutotuner("triton_tem_fused_mm_0", "template", {"b": 1, "m": 8, "n": 1024, "k": 1024},
+                               {"in_ptr0": "*bf16", "in_ptr1": "*bf16", "out_ptr0": "*bf16"},
+                               source="def triton_tem_fused_mm_0(in_ptr0, in_ptr1, out_ptr0):\n    pass\n",
+                               meta={"itemsize": 2, "tuning_key": "mm 8x1024x1024"})
+    times = []
+    monkeypatch.setattr(gemm, "_measure", lambda cfg, numels, args: times.append(cfg) or 1.0 + len(times))
+    monkeypatch.setattr(gemm, "_protect", lambda args: [])
+    monkeypatch.setattr(gemm, "_restore", lambda saved: None)
+    mlp = {"bnumel": 1, "mnumel": 8, "nnumel": 1024, "knumel": 1024, "itemsize": 2, "tuning_key": "a"}
+    assert tt.launch_bound(mlp) and gemm._autotune(mlp, ()) == th.default_config("template", mlp) and times == []
+    for shape in ({"mnumel": 17}, {"mnumel": 16, "nnumel": 4096, "knumel": 4096}):
+        numels = {**mlp, **shape, "tuning_key": repr(shape)}
+        assert not tt.launch_bound(numels)
+        times.clear()
+        gemm._autotune(numels, ())
+        assert times == th.candidates("template", numels)
+    gemm.mode, times[:] = "max-autotune", []
+    gemm._autotune({**mlp, "tuning_key": "b"}, ())
+    assert len(times) > len(th.candidates("template", mlp))
+
 _PRECOMPILE = """
 import json, sys, threading
 from types import SimpleNamespace
