@@ -539,9 +539,9 @@ def small_m_gemm():
     """Issue 14's check that the small-M candidate list (template_tuning._small_m) keeps the
     fastest block shape: the MLP block's GEMM (8 x 1024 x 1024 bf16) under every configuration of
     the template's table clamped to its sizes (the 8 it compiled before, the 2 the cap cut, the 4
-    of the small-M list, whose first, the default, now runs unmeasured), each timed on the GPU alone (a CUDA graph of 50 launches, so the host's
-    launch time hides nothing) and as Alg. 9.1 times it (cuda.median_ms: launch-bound at this
-    size). `python bench/gpu.py smallm`."""
+    of the small-M list, whose first, the default, now runs unmeasured), each timed on the GPU
+    alone (a CUDA graph of 50 launches, so the host's launch time hides nothing) and as Alg. 9.1
+    times it (cuda.median_ms: launch-bound at this size). `python bench/gpu.py smallm`."""
     from stax import template_tuning as tt, triton_heuristics as th
     a = stax.randn(8, 1024, device="cuda").to(stax.bfloat16)
     b = stax.randn(1024, 1024, device="cuda").to(stax.bfloat16)
