@@ -24,6 +24,8 @@ It also measures the host time per launch, the cold compile of a one-kernel func
 
 `python bench/gpu.py coldmlp` times issue 14's tuning cost: the 4-layer MLP block's cold compile
 (fresh caches, a new process, default mode) and its warm-cache first call.
+`python bench/gpu.py smallm` times that block's GEMM under every candidate of the template's table
+(the GPU alone, in a CUDA graph), before and after issue 14's small-M candidate list.
 `python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
 A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
@@ -481,31 +483,100 @@ rng = np.random.default_rng(0)
 fn, _, arrays, dt = gpu.launch_bound_inputs(rng)["mlp_bf16_b8"]
 args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16) for a in arrays]
 cuda.synchronize()
+if {late_setup}:                       # triton's setup left to the first compile, as before issue 14
+    import threading
+    from stax import cuda_triton
+    done = threading.Thread(target=lambda: None); done.start(); done.join(); cuda_triton._warming.append(done)
+if {full_table}:                       # the GEMM's 8 candidates of before issue 14's small-M list
+    from stax import template_tuning
+    template_tuning.SMALL_M = 0
 f = stax.compile(fn)
 t0 = time.perf_counter(); f(*args); cuda.synchronize(); t = time.perf_counter() - t0
 print("SECONDS", t, "kernels", len(f.last_generated.kernels))
+from stax import cache                 # what Alg. 9.1 measured (the records this process wrote)
+for p in sorted(cache.folder("autotune").glob("*.json")):
+    r = cache.read_sealed_json(p, lambda r: isinstance(r, dict), "a record")
+    if r and "candidate_ms" in r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], "chosen", r["config"], "candidate ms",
+              [round(x, 4) for x in r["candidate_ms"]], "of", len(r["candidates"]))
+    elif r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], {{k: v for k, v in r.items() if k != "key"}})
 """
 
 
 def mlp_compile_times():
     """Issue 14's tuning cost: the cold compile (fresh Stax and Triton caches, a new process) of the
     4-layer MLP block (four 1024x1024 bf16 matmuls at batch 8, default mode), then a warm-cache
-    process. `python bench/gpu.py coldmlp`."""
+    process; then, each cold, the two changes of issue 14 that can be undone in a process: triton's
+    setup left to the first compile, and the GEMM's full 8 candidates. `python bench/gpu.py coldmlp`."""
     import tempfile
     root = os.path.join(os.path.dirname(__file__), "..")
     base = dict(os.environ)
     base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
     base.pop("PYTHONDONTWRITEBYTECODE", None)     # bytecode present, as after `pip install`
     subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
-    env = dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
-               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    def fresh():
+        return dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
+                    TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    env = fresh()
     out = []
-    for what in ("cold compile", "warm on-disk cache"):
-        r = subprocess.run([sys.executable, "-c", COLD_MLP.format(root=root)], env=env, capture_output=True, text=True)
+    for what, late_setup, full_table in (("cold compile", False, False), ("warm on-disk cache", False, False),
+                                         ("cold, triton's setup at the first compile", True, False),
+                                         ("cold, the GEMM's 8 candidates of before", False, True)):
+        if what.startswith("cold") and out:
+            env = fresh()
+        code = COLD_MLP.format(root=root, late_setup=late_setup, full_table=full_table)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
         print(f"MLP block, {what}:", line[0] if line else r.stdout + r.stderr[-2000:], flush=True)
+        for rec in (l for l in r.stdout.splitlines() if l.startswith("RECORD") and what.startswith("cold")):
+            print("  " + rec, flush=True)
         out.append(float(line[0].split()[1]) if line else float("nan"))
-    return out
+    return out[:2]
+
+
+def small_m_gemm():
+    """Issue 14's check that the small-M candidate list (template_tuning._small_m) keeps the
+    fastest block shape: the MLP block's GEMM (8 x 1024 x 1024 bf16) under every configuration of
+    the template's table clamped to its sizes (the 8 it compiled before, the 2 the cap cut, the 4
+    of the small-M list, whose first, the default, now runs unmeasured), each timed on the GPU
+    alone (a CUDA graph of 50 launches, so the host's launch time hides nothing) and as Alg. 9.1
+    times it (cuda.median_ms: launch-bound at this size). `python bench/gpu.py smallm`."""
+    from stax import template_tuning as tt, triton_heuristics as th
+    a = stax.randn(8, 1024, device="cuda").to(stax.bfloat16)
+    b = stax.randn(1024, 1024, device="cuda").to(stax.bfloat16)
+    out = stax.empty(8, 1024, device="cuda", dtype=stax.bfloat16)
+    gen = stax.generate(lambda a, b: a @ b, a, b, device="cuda")
+    (name,) = [n for n in gen.kernels if n.startswith("triton_tem")]
+    k = th.kernel_from_source(name, gen.kernels[name])
+    numels = {"bnumel": 1, "mnumel": 8, "nnumel": 1024, "knumel": 1024, **k.meta}
+    now = th.candidates("template", numels)
+    small, tt.SMALL_M = tt.SMALL_M, 0
+    try:
+        table = tt.template_configs(numels)
+    finally:
+        tt.SMALL_M = small
+    before = table[:8]
+    args = (a, b, out, 1, 8, 1024, 1024)
+    ptrs = [x if isinstance(x, int) else x.data_ptr() for x in args]
+    rows = []
+    for cfg in table + [c for c in now if c not in table]:
+        launcher, grid = k._launcher(cfg, True, args), k.grid(numels, cfg)
+        g = cuda.CUDAGraph()
+        with g:
+            for _ in range(50):
+                launcher(grid, ptrs)
+        gpu_us = cuda.median_ms(g.replay) / 50 * 1e3
+        rows.append({"config": {x: cfg[x] for x in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
+                     "gpu_us": round(gpu_us, 2), "alg91_us": round(cuda.median_ms(lambda: launcher(grid, ptrs)) * 1e3, 2),
+                     "before": cfg in before, "now": cfg in now, "default_now": cfg == now[0],
+                     "spills": launcher.kernel.local_size_bytes > 0})
+        print(json.dumps(rows[-1]), flush=True)
+    best = {w: min(r["gpu_us"] for r in rows if r[w]) for w in ("before", "now", "default_now")}
+    print(f"best GPU time of the candidates compiled before: {best['before']:.2f} us, now: {best['now']:.2f} us "
+          f"({'kept' if best['now'] <= best['before'] * 1.02 else '**SLOWER**'}); the default, which runs "
+          f"unmeasured now (template_tuning.launch_bound): {best['default_now']:.2f} us")
+    return rows
 
 
 def compile_times():
@@ -1102,6 +1173,12 @@ def main(argv):
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"mlp_cold_s": cold, "mlp_warm_s": warm}, fh, indent=1)
+        return
+    if "smallm" in argv:                # issue 14: the small-M GEMM's candidates, each timed
+        rows = small_m_gemm()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"small_m": rows}, fh, indent=1)
         return
     if "adamw" in argv:                 # issue 16's optimizer step only
         row = adamw_step()

@@ -344,6 +344,9 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
             _log("wrapper", name, module.wrapper)
             note = "(from the artifact cache: lowering and scheduling were skipped)"
             return Generated(dict(module.kernels), module.wrapper, graph, note, note, module)
+    if cuda and use_cache:           # kernels will compile: triton's setup overlaps the lowering
+        from .cuda_triton import warm_compiler
+        warm_compiler()
     from . import ir, lower, schedule
     if cuda:
         from . import codegen_triton as backend
