@@ -1,10 +1,11 @@
 """§9.10 The attention pattern: hand-written softmax(q kᵀ · s) v becomes one `sdpa` node.
 
 Layer: a graph pass between capture (§3) and lowering (§6): it reads and rewrites a
-`capture.Graph` and imports capture.py and tensor.py (Node, Meta), and attention_kernels.py to ask
-whether the template covers a match. `__init__._compile_graph`
-runs it for the GPU, where an `sdpa` node prints as the flash template (codegen_triton.py) and
-the N × N scores never reach memory (Theorem 9.2).
+`capture.Graph` and imports capture.py and tensor.py (Node, Meta), attention_kernels.py to ask
+whether the template covers a match, and autograd.py (§5: the tape of a training capture).
+`__init__._compile_graph` runs it for the GPU, where an `sdpa` node prints as the flash template
+(codegen_triton.py) and the N × N scores never reach memory (Theorem 9.2); partition.py runs
+`fuse_attention_for_training` on the forward half of a joint graph before its backward is traced.
 
 Consumes a captured Graph; produces the same Graph with each matched pattern's final matmul turned
 into an `sdpa` node and the nodes only the pattern used removed.
@@ -16,16 +17,26 @@ included):
     S' = mul(S', c) | mul(c, S') | div(S', c)            the scale (c a positive constant to pass a mask)
        | add(S', mask) | add(mask, S')                    an additive mask: the last op before softmax
        | where(keep, S', -inf)                            a bool mask (tril/arange comparisons included)
+       | where(drop, -inf, S')                            masked_fill(drop, -inf): keep = not drop
        | matmul(Q, Kᵀ)                                    Kᵀ a permute of K, or any [.., D, N] value
 
-Dropout at inference records nothing, so it needs no case. Anything else (a second mask, a
+Dropout at inference records nothing, so it needs no case; in training it records a random mask
+between P and the matmul, which the pattern does not match. Anything else (a second mask, a
 positional bias added before the scale, an intermediate used outside the pattern, a softmax over
-another dim) is left alone: the ordinary kernels compute it, never a wrong answer.
+another dim, in training a mask that requires grad) is left alone: the ordinary kernels compute it,
+never a wrong answer.
+
+Training (§5): the rewrite happens before the joint graph's backward exists, so that the backward
+is sdpa's derivative (the dK/dV and dQ templates from the saved LSE) rather than the operator-by-
+operator backward of the pattern: rewriting the backward too, after the fact, would mean matching
+what autograd makes of softmax and two matmuls, a second pattern as long as the first and brittle.
 
 Where to look:
   - `_match_scores` ......... S' back to the first matmul: scale, masks
   - `_match` ................ the whole pattern at one matmul
+  - `_rewrite` .............. one match -> the sdpa node
   - `fuse_attention(graph)` . the entry point
+  - `fuse_attention_for_training` . §5: the forward half of a joint graph, and its autograd tape
 """
 from __future__ import annotations
 

@@ -259,3 +259,22 @@ def test_gpt2_block_weights_gradients_equal_eager(gpt2, dev):
         _assert_flash(gen, t, t)
     else:
         assert not gen.partition.fused
+
+
+# ---- float32 dots follow set_float32_matmul_precision ----
+
+
+@pytest.mark.parametrize("precision,expect", [("highest", "ieee"), ("high", "tf32")])
+def test_float32_templates_follow_the_matmul_precision(rng, precision, expect):
+    ins = _inputs(rng, "cuda", [(1, 2, 7, 16)] * 3)
+    w = randn(rng, (1, 2, 7, 16), device="cuda")
+    stax.set_float32_matmul_precision(precision)
+    try:
+        gen = _generated(causal_masked_fill, ins, w, "cuda")
+    finally:
+        stax.set_float32_matmul_precision("highest")
+    sources = [src for k, src in {**gen.kernels, **gen.backward.kernels}.items() if "attention" in k]
+    assert len(sources) == 3
+    for src in sources:
+        dots = src.count("tl.dot(")
+        assert dots and src.count(f'input_precision="{expect}"') == dots, src
