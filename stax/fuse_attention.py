@@ -134,6 +134,7 @@ def _match_scores(x: Node, m: AttentionMatch, uses: dict) -> Node | None:
         elif x.op == "where" and m.mask is None and isinstance(a[0], Node) and _neg_inf(a[2]) \
                 and isinstance(a[1], Node) and a[0].meta.dtype.name == "bool":
             m.mask, x = a[0], a[1]
+            m.used += [a[2]] if isinstance(a[2], Node) else []
         elif x.op == "where" and m.mask is None and isinstance(a[0], Node) and _neg_inf(a[1]) \
                 and isinstance(a[2], Node) and a[0].meta.dtype.name == "bool":
             m.mask, m.drop, x = a[0], True, a[2]    # masked_fill(drop, -inf): keep = not drop

@@ -278,3 +278,16 @@ def test_float32_templates_follow_the_matmul_precision(rng, precision, expect):
     for src in sources:
         dots = src.count("tl.dot(")
         assert dots and src.count(f'input_precision="{expect}"') == dots, src
+
+
+def test_inference_masked_fill_becomes_the_template(rng):
+    """(The same pattern without grad: masked_fill(drop, -inf) is matched at inference too.)"""
+    m, n = 9, 12
+    fns, refs = _mask_fns(rng, "cuda", m, n)
+    q, k, v = (randn(rng, s, device="cuda") for s in ((2, 3, m, 16), (2, 3, n, 16), (2, 3, n, 16)))
+    fn = fns["bool_masked_fill"]
+    got = stax.compile(fn)(q, k, v)
+    assert_close(host(got), host(fn(q, k, v)), stax.float64, **TOL["float32"])
+    gen = stax.generate(fn, q, k, v, device="cuda")
+    assert sum("fused_attention" in name for name in gen.kernels) == 1, list(gen.kernels)
+    assert not any("where" == node.op for node in gen.graph.nodes)
