@@ -766,13 +766,13 @@ def decode_configs() -> list:
 # Float32 dots in IEEE precision (set_float32_matmul_precision("highest"), the default) run on the
 # FMA units with their operand tiles in registers: at head dim 64 every configuration of the
 # half-precision tables (attention_configs) spills on sm_90 (bench/attention_sm90.py: stack frames
-# of 1.9-31 KB). Of these smaller tiles, built for sm_90 at head dim 64, the forward's first five
-# and dQ's 32 x 32, 64 x 16, 32 x 64, 16 x 32 have no stack; dK/dV's 16 x 32 alone (64 x 16: 32
-# bytes; 32 x 16 and 16 x 16 not yet built). The autotuner never picks a candidate that spills.
+# of 1.9-31 KB). These smaller tiles, built for sm_90 at head dim 64, have no stack: the forward's
+# all five; dK/dV's 32 x 32 (8 warps), 64 x 16 (8 warps), 32 x 16, 16 x 32 (4 warps); dQ's 32 x 32,
+# 64 x 16, 32 x 64, 16 x 32 (4 warps). The autotuner never picks a candidate that spills.
 IEEE_FORWARD, IEEE_BACKWARD = 1, 2
 IEEE_TABLES = {IEEE_FORWARD: ((64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2)),
-               IEEE_BACKWARD: ((16, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2), (32, 64, 4, 2), (32, 16, 4, 2),
-                               (16, 16, 4, 2))}
+               IEEE_BACKWARD: ((32, 32, 8, 2), (64, 16, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (32, 32, 4, 2),
+                               (64, 16, 4, 2), (32, 64, 4, 2))}
 
 
 def attention_configs(numels: dict, kind: str = "attention") -> list:
