@@ -291,3 +291,15 @@ def test_inference_masked_fill_becomes_the_template(rng):
     gen = stax.generate(fn, q, k, v, device="cuda")
     assert sum("fused_attention" in name for name in gen.kernels) == 1, list(gen.kernels)
     assert not any("where" == node.op for node in gen.graph.nodes)
+
+
+def test_broadcast_key_heads(rng):
+    """k and v with one head broadcast over the query's (multi-query attention): dK, dV summed."""
+    q = randn(rng, (2, 3, 7, 16), device="cuda", grad=True)
+    k, v = (randn(rng, (2, 1, 9, 16), device="cuda", grad=True) for _ in range(2))
+    w = randn(rng, (2, 3, 7, 16), device="cuda")
+    got = _grads(plain, [q, k, v], w, True)
+    ref = ref_loss_grads(host(q), host(k), host(v), host(w), scale=0.3)
+    for g, r in zip(got, ref):
+        assert_close(g, r, stax.float64, **TOL["float32"])
+    _assert_flash(_generated(plain, [q, k, v], w, "cuda"), 7, 9)
