@@ -293,7 +293,7 @@ def _tape(tracer, leaves) -> dict:
     """Graph node -> the proxy holding it, for every tensor on the autograd tape behind `leaves`."""
     found, seen, todo = {}, set(), list(leaves)
     for t in leaves:
-        found.setdefault(t._node, t)
+        found.setdefault(_node_of(tracer, t), t)
     while todo:
         g = todo.pop()._grad_fn
         if g is None or id(g) in seen:
