@@ -278,6 +278,7 @@ def test_float32_templates_follow_the_matmul_precision(rng, precision, expect):
     for src in sources:
         dots = src.count("tl.dot(")
         assert dots and src.count(f'input_precision="{expect}"') == dots, src
+        assert ("meta={'ieee': " in src) == (expect == "ieee")     # IEEE dots: the small-tile table
 
 
 def test_inference_masked_fill_becomes_the_template(rng):
