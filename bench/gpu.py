@@ -11,7 +11,8 @@ channels-last); `python bench/gpu.py adamw` only issue 16's optimizer step: stax
 step over a 4-layer width-1024 MLP's parameters against torch.optim.AdamW (foreach=True and fused=True).
 `python bench/gpu.py train` only §5's training steps (forward + backward + AdamW, the loss
 stax.compile'd against torch.compile'd, with each one's peak memory): the 4-layer width-1024 MLP at
-batch 64, and a GPT-2-small block (examples/gpt2_block.py, C=768, seq 1024, batch 8); `train --tiny`
+batch 64, and a GPT-2-small block (examples/gpt2_block.py, C=768, seq 1024, batch 8; `train gpt2
+[--no-torch]` that one alone, e.g. beside STAX_ATTENTION_REWRITE=0); `train --tiny`
 runs Stax's side at small sizes (through TRITON_INTERPRET=1 where there is no GPU).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
@@ -1069,16 +1070,17 @@ def _torch_gpt2_step(arrays, block_loss_src):
     return make
 
 
-def training_steps(tiny=False) -> list:
+def training_steps(tiny=False, only_gpt2=False, with_torch=True) -> list:
     """The MLP step (4 x width 1024, batch 64) and a GPT-2-small block step (768 wide, 12 heads,
     vocabulary 50257, sequence 1024, batch 8); `tiny`: small sizes, Stax only (the Triton
     interpreter can run them: TRITON_INTERPRET=1 python bench/gpu.py train --tiny)."""
-    import inspect
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import gpt2_block
     width, batch, (C, heads, vocab, seq, gb) = (32, 4, (32, 2, 97, 16, 2)) if tiny else \
         (1024, 64, (768, 12, 50257, 1024, 8))
     rows = []
+    if only_gpt2:               # `train gpt2 [--no-torch]`: the GPT-2 block's step alone
+        return _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, tiny or not with_torch)
     arrays = _mlp_arrays(width, 4, batch)
     ts = [stax.tensor(a, device="cuda") for a in arrays]
     params = [t.requires_grad_() for t in ts[:-2]]
@@ -1091,15 +1093,19 @@ def training_steps(tiny=False) -> list:
         ps = [t.requires_grad_() for t in ts[:-2]]
         step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), ps, lambda ps=ps, ts=ts: (*ps, *ts[-2:]), mode)
         rows.append(_step_row(f"train_mlp4 {w}x{b} {mode or 'default'}", step, None, ps))
+    return rows + _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, tiny)
+
+
+def _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, no_torch) -> list:
+    import inspect
     gpt2_block.N_EMBD, gpt2_block.N_HEAD, gpt2_block.VOCAB = C, heads, vocab
     garrays = _gpt2_arrays(C, vocab, seq, gb)
     p = {k: stax.tensor(v, device="cuda", requires_grad=True) for k, v in garrays[0].items()}
     x, t, mask = (stax.tensor(a, device="cuda") for a in garrays[1:])
     step, _ = _stax_step(lambda *a: gpt2_block.block_loss(*a)[1], list(p.values()), lambda: (x, t, p, mask))
     src = inspect.getsource(gpt2_block.block_loss).replace("N_EMBD", str(C)).replace("N_HEAD", str(heads))
-    rows.append(_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
-                          None if tiny else _torch_gpt2_step(garrays, src), list(p.values())))
-    return rows
+    return [_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
+                      None if no_torch else _torch_gpt2_step(garrays, src), list(p.values()))]
 
 
 def selected(argv) -> list:
@@ -1188,7 +1194,7 @@ def main(argv):
                 json.dump({"adamw": row}, fh, indent=1)
         return
     if "train" in argv:                 # §5 (issue 16): training steps only
-        rows = training_steps(tiny="--tiny" in argv)
+        rows = training_steps(tiny="--tiny" in argv, only_gpt2="gpt2" in argv, with_torch="--no-torch" not in argv)
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"train": rows}, fh, indent=1)

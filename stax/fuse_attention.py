@@ -40,6 +40,7 @@ Where to look:
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from .attention_kernels import as_operand, make_spec
@@ -263,8 +264,19 @@ def _rewrite(graph, mm2: Node, m: AttentionMatch) -> tuple:
     return key, mask, causal
 
 
+REWRITE_ENV = "STAX_ATTENTION_REWRITE"     # "0": leave hand-written attention as it is written
+                                           # (to compare the two forms; kernels are keyed by
+                                           # their text, so caches stay sound)
+
+
+def rewrite_enabled() -> bool:
+    return os.environ.get(REWRITE_ENV, "1") != "0"
+
+
 def fuse_attention(graph):
     """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph."""
+    if not rewrite_enabled():
+        return graph
     for mm2 in [n for n in graph.nodes if n.op == "matmul"]:
         if mm2 not in graph.nodes:
             continue
@@ -378,7 +390,7 @@ def fuse_attention_for_training(tracer, leaves: list, outputs: list) -> list:
     GPU, as `fuse_attention` (on the CPU the ordinary kernels beat a float64 host op), with
     static sizes; a pattern no gradient flows through is left to `fuse_attention`."""
     graph = tracer.graph
-    if tracer.shape_env is not None or not any(n.op == "matmul" and str(n.meta.device).startswith("cuda")
+    if not rewrite_enabled() or tracer.shape_env is not None or not any(n.op == "matmul" and str(n.meta.device).startswith("cuda")
                                                for n in graph.nodes):
         return []
     tape, made = _tape(tracer, leaves), []
