@@ -35,10 +35,11 @@ import sympy
 from . import cache
 from .dtypes import bfloat16, float16, int64
 from .ir import Reduction, Scan, Scatter, reduction_identity, scan_identity, set_handler
-from .schedule import all_indices, cross_orientation, node_index, phases, store_index
+from .schedule import all_accesses, all_indices, cross_orientation, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import Var
-from .cpp_kernel import CppKernel, cexpr, cliteral, ctype, for_line, loop_nest, numel_of
+from .cpp_kernel import (CppKernel, cexpr, cliteral, ctype, drop_unread_checks, for_line, loop_nest, numel_of,
+                         uniform_bound_checks)
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyoutputs, pyshape, wrapper_launches,
                       wrapper_prologue)
 
@@ -420,13 +421,14 @@ COLUMN_BLOCK = 1024
 
 
 def _is_column_reduction(k, xvars, rvars, xnames, rnames) -> bool:
-    """True when the group's loads run contiguously along the innermost kept dim and no access is
-    contiguous along the innermost reduced dim (sum(0), mean over outer dims, amax over a middle dim):
-    then each SIMD lane owns an output column and the reduction loops go outside."""
+    """True when the group's loads run contiguously along the innermost kept dim and no memory
+    access is contiguous along the innermost reduced dim (sum(0), mean over outer dims, amax over a
+    middle dim): then each SIMD lane owns an output column and the reduction loops go outside. (An
+    index_expr touches no memory: a piece's bound check `r0 + 128*x0 < s0` is no reason for rows.)"""
     if not xnames or not rnames:
         return False
     xi, ri = xnames[-1], rnames[-1]
-    exprs = [k.final(e) for e in all_indices(k.group.nodes, xvars, rvars)]
+    exprs = [k.final(e) for e, name in all_accesses(k.group.nodes, xvars, rvars) if name is not None]
     return any(e.coeff(xi) == 1 for e in exprs) and not any(e.coeff(ri) == 1 for e in exprs)
 
 
@@ -465,12 +467,23 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
             else:
                 out += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
         return out
+    checks, hold = uniform_bound_checks(k, xvars, rvars, xi, (rnames, rsizes))
+
+    def unmasked(n):                 # a block whose bound checks all hold: none in the lane loop
+        k.assume = set(checks)
+        try:
+            return drop_unread_checks(k, phases_of(n))
+        finally:
+            k.assume = set()
+
+    def either(test, fast, slow):
+        return [f"if ({test}) {{"] + ["    " + x for x in fast] + ["} else {"] + ["    " + x for x in slow] + ["}"]
     block = [] if static else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
     if inner.is_Integer:
-        block += phases_of(n)
-    else:       # §10.3: full blocks run constant trip counts; the last one the remainder
-        block += ([f"if ({n} == {xb}) {{"] + ["    " + x for x in phases_of(str(xb))] + ["} else {"]
-                  + ["    " + x for x in phases_of(n)] + ["}"])
+        block += either(hold, unmasked(n), phases_of(n)) if hold else phases_of(n)
+    else:       # §10.3: full blocks run constant trip counts (unmasked pieces); the last one the remainder
+        full = f"{n} == {xb}" + (f" && {hold}" if hold else "")
+        block += either(full, unmasked(str(xb)), phases_of(n))
     lines = []
     if parallel:
         lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"
