@@ -73,6 +73,9 @@ def test_var_std_dim0_equal_numpy_at_every_size(rng, device):
         assert f"{piece}*x0 + {piece - 1} < s0" in kernels     # ... tested once per block elsewhere
     else:
         assert "xmask & tmp" in kernels                     # the ragged piece's loads masked
+        first = next(iter(compiled.last_generated.kernels.values()))
+        assert first.count("tl.load(in_ptr0 + (r0_") == 1, first   # each piece read once: the
+        # deviations' masked body reuses the sum's masked loads (TritonPrinter.masked)
 
 
 # ---- batch-norm statistics over (0, 2, 3) of NCHW ----
