@@ -288,7 +288,7 @@ def _reduction_kernel(k: CppKernel) -> list:
             else:
                 row += _reduction_loop(k, nodes, xvars, rvars, rnames, rsizes)
         return row
-    checks, hold = uniform_bound_checks(k, xvars, rvars, rnames[-1], (rnames, rsizes)) if rnames else ((), None)
+    checks, hold = uniform_bound_checks(k, xvars, rvars, None, (rnames, rsizes)) if rnames else ((), None)
     row = _either(hold, _unmasked(k, checks, rows), rows()) if hold else rows()
     if not xnames:
         return row
