@@ -208,6 +208,7 @@ class TritonPrinter(Printer):
         super().__init__()
         self.k = kernel
         self.masks = []             # extra masks of the ops.masked bodies being printed
+        self.masked_cse = {}        # mask -> what earlier bodies under it computed (its lines are above)
 
     def new_name(self) -> str:
         return self.k.new_tmp()
@@ -300,13 +301,17 @@ class TritonPrinter(Printer):
         return sym
 
     def masked(self, mask, body, other):
-        """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
+        """Loads inside `body` carry the extra mask; lanes outside it take `other`. A later body
+        under the same mask (the deviations of a ragged piece after its sum) reuses what an earlier
+        one computed, its loads included, as an unmasked body would."""
         self.masks.append(str(mask))
-        saved, self.cse = self.cse, dict(self.cse)
+        kept = self.masked_cse.setdefault(tuple(self.masks), {})
+        saved, self.cse = self.cse, {**self.cse, **kept}
         try:
             result = body()
         finally:
             self.masks.pop()
+            kept.update({key: v for key, v in self.cse.items() if key not in saved})
             self.cse = saved
         return self.emit(f"tl.where({mask}, {result}, {other})", result.dtype)
 
