@@ -142,6 +142,19 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
         storage = Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
         return Tensor._make(storage, Meta(shape, stride, dtype, "cuda", 0))
 
+    counters = {}                # §6.5: a one-kernel split's counters, this artifact's own
+
+    def zeroed_workspace_cuda(name, numel):
+        """int32 counters zeroed once, when first allocated (or outgrown by a larger size), and kept:
+        every launch leaves them 0 again (triton_helpers.last_arrival), so no call zeroes them."""
+        t = counters.get(name)
+        if t is None or t.shape[0] < numel:
+            import numpy as np
+            array = cuda.DeviceArray(max(1, numel), np.dtype(np.int32)).upload(np.zeros(max(1, numel), np.int32))
+            t = counters[name] = Tensor._make(Storage(array, "cuda"), Meta((max(1, numel),), (1,),
+                                                                            DTYPES["int32"], "cuda", 0))
+        return t
+
     def get_raw_stream(index):
         return None            # one stream per process (stax.cuda's default stream)
 
@@ -152,6 +165,7 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
     return {"stax": stax, "assert_size_stride": assert_size_stride,
             "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
+            "zeroed_workspace_cuda": zeroed_workspace_cuda,
             "extern_kernels": SimpleNamespace(mm=cublas.mm),     # §9.8 cuBLASLt (when installed)
             "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor,
             "reshaped_output": reshaped_output, **DTYPES}

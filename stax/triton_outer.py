@@ -29,13 +29,17 @@ Where to look:
 """
 from __future__ import annotations
 
+import os
+import re
+
 import sympy
 
 from .autotune import next_pow2
-from .dtypes import int64
-from .ir import IndexCollector, Reduction, index_vars, set_handler
+from .dtypes import int32, int64
+from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
 from .schedule import node_index, phases
-from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
+from .triton_kernel import (Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes, texpr, tl_dtype,
+                            var_lines)
 from .triton_reduction import _RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
@@ -163,3 +167,103 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
         else:
             top.lines += _outer_looped(k, nodes, xvars, rvars)
     return ("per" if per else "red"), head + top.lines, "OUTER"
+
+
+# ---- §6.5 / §9.4 The one-kernel split: the last split of a column block combines ----
+
+ONE_KERNEL_ENV = "STAX_SPLIT_ONE_KERNEL"    # "0": Alg. 6.1's OUTER split as two kernels (to compare)
+_COMBINE_NAMES = re.compile(r"\b(r0_numel|rnumel|R0_BLOCK|RBLOCK|xoffset|xindex|xmask|r0_index|r0_offset|"
+                            r"r0_mask|roffset|rindex|r0_base|rbase|x\d+|r0_\d+)\b")
+COMBINE_LOOP_BLOCK = 32     # R0_BLOCK of a looped combine (more than 64 splits: var's pieces)
+
+
+def one_kernel_enabled() -> bool:
+    return os.environ.get(ONE_KERNEL_ENV, "1") != "0"
+
+
+def _accesses(lines, name, fn) -> list | None:
+    """The offsets of every `fn(@name@ + (offset)` in `lines`, or None when the buffer is used
+    any other way (then the one-kernel form does not apply)."""
+    text = "\n".join(lines)
+    found = re.findall(rf"{fn}\(@{re.escape(name)}@ \+ \(([^()]*)\)", text)
+    return found if len(found) == text.count(f"@{name}@") else None
+
+
+def _split_pair(ga, gb) -> int:
+    """The splits S when groups (ga, gb) are shaped like Alg. 6.1's OUTER split: ga reduces over
+    ranges [S] + outputs, gb reduces S partials per output; else 0."""
+    if ga.kind != "reduction" or gb.kind != "reduction" or len(gb.reduction_ranges) != 1:
+        return 0
+    s = sympy.sympify(gb.reduction_ranges[0])
+    if not s.is_Integer or int(s) < 2 or list(ga.ranges) != [s] + list(gb.ranges):
+        return 0
+    if any(isinstance(n, Scatter) for n in ga.nodes + gb.nodes):
+        return 0
+    return int(s)
+
+
+def one_kernel_split(index: int, ga, gb, sched):
+    """Alg. 6.1's two OUTER kernels (ga: the split's partials [S, outputs], gb: their combine and
+    epilogue) as one: programs (column block, split) reduce their piece and store its partials as
+    ga's kernel does; each then arrives at its column block's counter (`last_arrival`), and the
+    last to arrive runs gb's kernel text for that block, reading the partials in split order
+    0..S-1 (the result does not depend on the order of arrival). Returns (name, source, params,
+    numels, counter name) or None where it does not apply: the partials must be written at
+    [split, column] by ga and read only at [r, column] by gb (columns the same in both)."""
+    splits = _split_pair(ga, gb) if gb is not None and one_kernel_enabled() else 0
+    if not splits:
+        return None
+    ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
+    if not outer_applies(ka) or not outer_applies(kb):
+        return None
+    form, lines_a, _ = outer_reduction_kernel(ka)
+    kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
+    form_b, lines_b, _ = outer_reduction_kernel(kb)
+    (xa, xb), rb = (ka.axes[0], kb.axes[0]), kb.axes[1]
+    if len(xa.dims) != 2 or len(xb.dims) != 1 or len(rb.dims) != 1 or xa.sizes[0] != splits \
+            or sympy.sympify(xa.sizes[1] - xb.sizes[0]) != 0:
+        return None
+    cols = xb.numel
+    partials = [n for n in ka.writes if n in kb.reads]
+    if not partials or set(kb.writes) & (set(ka.reads) | set(ka.writes)):
+        return None
+    stored = texpr(cols * xa.dims[0] + xa.dims[1])
+    loaded = texpr(cols * rb.dims[0] + xb.dims[0])
+    if any(_accesses(lines_a, n, "tl.store") != [stored] or
+           set(_accesses(lines_b, n, "tl.load") or [None]) != {loaded} for n in partials):
+        return None
+    return _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols)
+
+
+def _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols) -> tuple:
+    """Stitch the two printed bodies: ga's with program_id(1) as its split, gb's (its block names
+    suffixed `_c`, the combine's) under `if last_arrival(...)`; then `finish` the kernel."""
+    pid = (lambda d: f"tl.program_id({d})" + (".to(tl.int64)" if ka.index64 else ""))
+    head = {"xnumel": [f"xnumel = {texpr(cols)}"] if cols.is_Integer else [],
+            "xoffset": [f"split = {pid(1)}                # Alg. 6.1: the piece of the rows this program reduces",
+                        f"xoffset = split * xnumel + {pid(0)} * XBLOCK"],
+            "xmask": ["xmask = xindex < (split + 1) * xnumel"]}
+    body = []
+    for line in lines_a:
+        body += head.get(line.split(" = ")[0], [line]) if line.startswith(("xnumel =", "xoffset =", "xmask =")) \
+            else [line]
+    counter = f"split_counts_{ka.index_no}"
+    combine = [_COMBINE_NAMES.sub(r"\1_c", line) for line in lines_b if not line.startswith("xnumel =")]
+    if form_b == "red":
+        combine.insert(0, f"R0_BLOCK_c: tl.constexpr = {min(COMBINE_LOOP_BLOCK, next_pow2(splits))}")
+    body += [f"# §6.5 one kernel: the last of the {splits} splits to store its partials for this column block",
+             f"# combines them: it reads splits 0..{splits - 1} as one block, reduced in a fixed order (the same",
+             "# result whatever order they arrived in)",
+             f"if triton_helpers.last_arrival(@{counter}@ + tl.program_id(0), {splits}):"]
+    body += ["    " + line for line in combine]
+    ka.workspace[counter] = int32
+    ka.reads.update(kb.reads)
+    ka.reads[counter] = True
+    ka.writes.update(kb.writes)
+    ka.writes[counter] = True
+    ka.axes[0] = Axis("x", list(kb.axes[0].dims), [cols])     # the launch's x: the output columns
+    name, src, params, numels = finish(ka, form, body, "OUTER", meta={"splits": splits})
+    combined = ", ".join(dict.fromkeys(kb.group.origins))
+    first = src.split("\n", 1)[0]
+    src = src.replace(first, f"{first}; the last split of each column block combines: {combined}", 1)
+    return name, src, params, numels, counter
