@@ -306,11 +306,11 @@ def _one_kernel_calls(index: int, ga, gb, sched, allocated: set, launch):
     fused = one_kernel_split(index, ga, gb, sched)
     if fused is None:
         return None
-    name, src, params, numels, counter = fused
+    name, src, params, numels, (counter, count) = fused
     call, new, low = [], set(), sched.lowered
     for p in params:
         if p == counter:
-            call.append(f"{pyname(p)} = zeroed_workspace_cuda({pylit(p)}, {_numel_text(numels[0])})")
+            call.append(f"{pyname(p)} = zeroed_workspace_cuda({pylit(p)}, {_numel_text(count)})")
         elif p not in allocated:
             b = low.buffer(p)
             call.append(_alloc(p, b.layout, b.dtype))

@@ -208,7 +208,7 @@ def one_kernel_split(index: int, ga, gb, sched):
     ga's kernel does; each then arrives at its column block's counter (`last_arrival`), and the
     last to arrive runs gb's kernel text for that block, reading the partials in split order
     0..S-1 (the result does not depend on the order of arrival). Returns (name, source, params,
-    numels, counter name) or None where it does not apply: the partials must be written at
+    numels, (counter name, its count as text: one per output column)) or None where it does not apply: the partials must be written at
     [split, column] by ga and read only at [r, column] by gb (columns the same in both)."""
     splits = _split_pair(ga, gb) if gb is not None and one_kernel_enabled() else 0
     if not splits:
@@ -266,4 +266,4 @@ def _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols) -> tu
     combined = ", ".join(dict.fromkeys(kb.group.origins))
     first = src.split("\n", 1)[0]
     src = src.replace(first, f"{first}; the last split of each column block combines: {combined}", 1)
-    return name, src, params, numels, counter
+    return name, src, params, numels, (counter, texpr(cols))
