@@ -29,6 +29,10 @@ A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candid
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
 with both measured times.
 
+`python bench/gpu.py reductions --onekernel-compare` (§6.5, issue 12): each reduction workload with
+Alg. 6.1's OUTER split as one kernel (the default) and as two (STAX_SPLIT_ONE_KERNEL=0), timed side
+by side in one run, the two checked against each other and the one-kernel result bitwise stable.
+
 `python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
 with dynamic=True in the same run, both checked against each other, timed at the workload's size
 (the hint) in alternating rounds; prints the ratio dynamic / static (target <= 1.10 on every
@@ -1087,6 +1091,70 @@ def dynamic_vs_static(names, json_path=None):
             json.dump({"dynamic_rows": rows, "host_us": host}, fh, indent=1)
 
 
+def _compiled_with_split_form(fn, args, one_kernel: bool):
+    """fn compiled (and autotuned, at its first call) with the OUTER split as one kernel or as two
+    (STAX_SPLIT_ONE_KERNEL, read when the first call generates the code)."""
+    saved = os.environ.get("STAX_SPLIT_ONE_KERNEL")
+    os.environ["STAX_SPLIT_ONE_KERNEL"] = "1" if one_kernel else "0"
+    try:
+        f = stax.compile(fn)
+        out = f(*args)
+        cuda.synchronize()
+    finally:
+        if saved is None:
+            os.environ.pop("STAX_SPLIT_ONE_KERNEL")
+        else:
+            os.environ["STAX_SPLIT_ONE_KERNEL"] = saved
+    return f, out
+
+
+def _host_arrays(out) -> list:
+    return [np.asarray(o.cpu().float().numpy(), np.float64) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def onekernel_compare(names, json_path=None):
+    """§6.5 (issue 12): each reduction workload with Alg. 6.1's OUTER split as one kernel (the last
+    split of a column block combines) and as the two kernels of before, timed in alternating rounds
+    in one run; both checked against each other, and the one-kernel form called 50 times on one
+    input, every result bitwise equal (the counters reset, the combine's order fixed)."""
+    bw = copy_bandwidth()
+    props = cuda.get_device_properties()
+    print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
+    rows = []
+    for name in names:
+        fn, shapes = WORKLOADS[name]
+        args = [make_input(s) for s in shapes]
+        one, out1 = _compiled_with_split_form(fn, args, True)
+        two, out2 = _compiled_with_split_form(fn, args, False)
+        ref, got = _host_arrays(out2), _host_arrays(out1)
+        agree = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
+        stable = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(one(*args)), got)) for _ in range(50))
+        times = {"one": [], "two": []}
+        for _ in range(3):
+            times["one"].append(time_calls(one, args))
+            times["two"].append(time_calls(two, args))
+        outs = out1 if isinstance(out1, (tuple, list)) else [out1]
+        nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
+        floor = nbytes / bw * 1e3
+        ms1, ms2 = min(times["one"]), min(times["two"])
+        row = {"workload": name, "one_kernel_ms": ms1, "two_kernel_ms": ms2, "floor_ms": floor,
+               "frac_one": floor / ms1, "frac_two": floor / ms2, "agree": agree, "bitwise_stable": stable,
+               "kernels_one": list(one.last_generated.kernels), "kernels_two": list(two.last_generated.kernels)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del args, out1, out2, outs
+    print("\n| workload | one kernel ms | two kernels ms | two / one | floor ms | frac one | frac two | agree | stable | kernels (one / two) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['workload']} | {r['one_kernel_ms']:.4f} | {r['two_kernel_ms']:.4f} | "
+              f"{r['two_kernel_ms'] / r['one_kernel_ms']:.2f} | {r['floor_ms']:.4f} | {r['frac_one']:.2f} | "
+              f"{r['frac_two']:.2f} | {r['agree']} | {r['bitwise_stable']} | "
+              f"{', '.join(r['kernels_one'])} / {', '.join(r['kernels_two'])} |")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"onekernel_compare": rows}, fh, indent=1)
+
+
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
     conv_names = [a for a in argv if a in CONVS] or (list(CONVS) if "conv" in argv else [])
@@ -1134,6 +1202,8 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"attention": rows}, fh, indent=1)
         return
+    if "--onekernel-compare" in argv:   # §6.5 (issue 12): the OUTER split as one kernel and as two
+        return onekernel_compare(selected(argv) or GROUPS["reductions"], json_path)
     if "--dynamic" in argv:             # §10.4: each workload dynamic beside static (issue 10)
         return dynamic_vs_static(selected(argv) or list(WORKLOADS), json_path)
     idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])

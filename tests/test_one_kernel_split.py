@@ -48,8 +48,9 @@ REFS = {
 }
 
 
-@pytest.mark.parametrize("op", sorted(REFS))
-@pytest.mark.parametrize("shape", [(2048, 160), (4097, 65), (1000, 263)])
+@pytest.mark.parametrize("op,shape", [("sum", (1000, 263)), ("mean", (4097, 65)), ("amax", (2048, 160)),
+                                      ("amin", (1000, 263)), ("var", (4097, 65)), ("std", (2048, 160)),
+                                      ("prod", (1000, 263))])
 def test_ops_over_dim_0(op, shape):
     """(1000, 263): 7 splits of 143 rows (the last one short); (4097, 65): 32, one column past 64."""
     rng = np.random.default_rng(hash((op, shape)) % 2**32)
