@@ -16,7 +16,9 @@ when the length is static and at most 64 (the OUTER bound), else looped ('red', 
 step). The third form, the split, is decided in lowering: `codegen_triton.outer_split_policy`
 splits a reduction whose outputs give too few programs of XBLOCK columns to fill the SMs, with its
 partials laid out [splits, outputs] (`lower.split_reduction(outer=True)`), so both of its kernels
-are OUTER kernels too.
+are OUTER kernels too; `one_kernel_split` prints the two as one kernel (§6.5): programs (column
+block, split) store their partials, and the last of a column block to arrive at its counter runs
+the combine's text (two launches, a ramp and a tail saved; STAX_SPLIT_ONE_KERNEL=0 keeps two).
 
 Consumes a reduction fusion group; produces (form, lines, 'OUTER') like `reduction_kernel`.
 
@@ -26,6 +28,7 @@ Where to look:
   - `_outer_persistent` .... the whole column block in registers (R0_BLOCK = next_pow2(r0_numel))
   - `_outer_looped` ........ R0_BLOCK rows a step, an [R0_BLOCK, XBLOCK] accumulator
   - `outer_reduction_kernel` the entry
+  - `one_kernel_split` ...... Alg. 6.1's two OUTER kernels as one: the last split combines
 """
 from __future__ import annotations
 
