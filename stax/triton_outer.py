@@ -41,8 +41,8 @@ from .autotune import next_pow2
 from .dtypes import int32, int64
 from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
 from .schedule import node_index, phases
-from .triton_kernel import (Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes, texpr, tl_dtype,
-                            var_lines)
+from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes,
+                            texpr, tl_dtype, var_lines)
 from .triton_reduction import _RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
@@ -198,8 +198,8 @@ def _split_pair(ga, gb) -> int:
     if ga.kind != "reduction" or gb.kind != "reduction" or len(gb.reduction_ranges) != 1:
         return 0
     s = sympy.sympify(gb.reduction_ranges[0])
-    if not s.is_Integer or int(s) < 2 or list(ga.ranges) != [s] + list(gb.ranges):
-        return 0
+    if not s.is_Integer or not 2 <= int(s) <= GRID_LIMIT_YZ or list(ga.ranges) != [s] + list(gb.ranges):
+        return 0                     # (the splits are the grid's y extent)
     if any(isinstance(n, Scatter) for n in ga.nodes + gb.nodes):
         return 0
     return int(s)
@@ -211,8 +211,9 @@ def one_kernel_split(index: int, ga, gb, sched):
     ga's kernel does; each then arrives at its column block's counter (`last_arrival`), and the
     last to arrive runs gb's kernel text for that block, reading the partials in split order
     0..S-1 (the result does not depend on the order of arrival). Returns (name, source, params,
-    numels, (counter name, its count as text: one per output column)) or None where it does not apply: the partials must be written at
-    [split, column] by ga and read only at [r, column] by gb (columns the same in both)."""
+    numels, (counter name, its count as text: one per output column)), or None where it does not
+    apply: the partials must be written at [split, column] by ga and read only at [r, column] by
+    gb (columns the same in both), and gb must write nothing ga touches."""
     splits = _split_pair(ga, gb) if gb is not None and one_kernel_enabled() else 0
     if not splits:
         return None
