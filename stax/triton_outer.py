@@ -43,7 +43,8 @@ from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
 from .schedule import node_index, phases
 from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes,
                             texpr, tl_dtype, var_lines)
-from .triton_reduction import _RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
+from .triton_reduction import (_RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop,
+                               reduction_kernel)
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
 BLOCK = "[R0_BLOCK, XBLOCK]"
@@ -174,14 +175,23 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
 
 # ---- §6.5 / §9.4 The one-kernel split: the last split of a column block combines ----
 
-ONE_KERNEL_ENV = "STAX_SPLIT_ONE_KERNEL"    # "0": Alg. 6.1's OUTER split as two kernels (to compare)
+# Alg. 6.1's splits in one kernel: "1" (the default) OUTER splits; "0" none (the two kernels, to
+# compare); "all" row splits too (batch-norm statistics of NCHW: not the default, whose row split
+# is the chapter's Listing 9.4)
+ONE_KERNEL_ENV = "STAX_SPLIT_ONE_KERNEL"
 _COMBINE_NAMES = re.compile(r"\b(r0_numel|rnumel|R0_BLOCK|RBLOCK|xoffset|xindex|xmask|r0_index|r0_offset|"
                             r"r0_mask|roffset|rindex|r0_base|rbase|x\d+|r0_\d+)\b")
 COMBINE_LOOP_BLOCK = 32     # R0_BLOCK of a looped combine (more than 64 splits: var's pieces)
 
 
-def one_kernel_enabled() -> bool:
-    return os.environ.get(ONE_KERNEL_ENV, "1") != "0"
+def one_kernel_mode() -> str:
+    """'outer', 'none' or 'all' (ONE_KERNEL_ENV); an unknown value is an error saying which work."""
+    value = os.environ.get(ONE_KERNEL_ENV, "1")
+    modes = {"1": "outer", "0": "none", "all": "all"}
+    if value not in modes:
+        raise ValueError(f"{ONE_KERNEL_ENV}={value!r}: use 1 (OUTER splits in one kernel, the default), "
+                         "0 (every split as two kernels) or all (row splits in one kernel too)")
+    return modes[value]
 
 
 def _accesses(lines, name, fn) -> list | None:
@@ -192,72 +202,102 @@ def _accesses(lines, name, fn) -> list | None:
     return found if len(found) == text.count(f"@{name}@") else None
 
 
-def _split_pair(ga, gb) -> int:
-    """The splits S when groups (ga, gb) are shaped like Alg. 6.1's OUTER split: ga reduces over
-    ranges [S] + outputs, gb reduces S partials per output; else 0."""
+def _split_pair(ga, gb) -> tuple:
+    """(S, outer) when groups (ga, gb) are shaped like Alg. 6.1's split: gb reduces S partials per
+    output, which ga reduces over ranges [S] + outputs (OUTER: `split_reduction(outer=True)`) or
+    outputs + [S] (a row reduction's split); else (0, None)."""
     if ga.kind != "reduction" or gb.kind != "reduction" or len(gb.reduction_ranges) != 1:
-        return 0
+        return 0, None
     s = sympy.sympify(gb.reduction_ranges[0])
-    if not s.is_Integer or not 2 <= int(s) <= GRID_LIMIT_YZ or list(ga.ranges) != [s] + list(gb.ranges):
-        return 0                     # (the splits are the grid's y extent)
+    if not s.is_Integer or not 2 <= int(s) <= GRID_LIMIT_YZ:
+        return 0, None               # (the splits are the grid's y extent)
     if any(isinstance(n, Scatter) for n in ga.nodes + gb.nodes):
-        return 0
-    return int(s)
+        return 0, None
+    if list(ga.ranges) == [s] + list(gb.ranges):
+        return int(s), True
+    return (int(s), False) if list(ga.ranges) == list(gb.ranges) + [s] else (0, None)
+
+
+def _print_pair(ka, kb, outer: bool):
+    """Both groups' bodies in one form (OUTER, or the row form without a multi-pass alternative),
+    the second's temporaries numbered on from the first's; None where they take other forms."""
+    if outer_applies(ka) != outer or outer_applies(kb) != outer:
+        return None
+    kernel = outer_reduction_kernel if outer else reduction_kernel
+    form, lines_a, hint = kernel(ka)
+    kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
+    form_b, lines_b, _ = kernel(kb)
+    if ka.other_form or kb.other_form or "xmask" in ka.always_true | kb.always_true:
+        return None
+    return form, lines_a, hint, form_b, lines_b
 
 
 def one_kernel_split(index: int, ga, gb, sched):
-    """Alg. 6.1's two OUTER kernels (ga: the split's partials [S, outputs], gb: their combine and
-    epilogue) as one: programs (column block, split) reduce their piece and store its partials as
-    ga's kernel does; each then arrives at its column block's counter (`last_arrival`), and the
-    last to arrive runs gb's kernel text for that block, reading the partials in split order
-    0..S-1 (the result does not depend on the order of arrival). Returns (name, source, params,
-    numels, (counter name, its count as text: one per output column)), or None where it does not
-    apply: the partials must be written at [split, column] by ga and read only at [r, column] by
-    gb (columns the same in both), and gb must write nothing ga touches."""
-    splits = _split_pair(ga, gb) if gb is not None and one_kernel_enabled() else 0
-    if not splits:
+    """Alg. 6.1's two kernels (ga: the split's partials, gb: their combine and epilogue) as one:
+    programs (column block, split) reduce their piece and store its partials as ga's kernel
+    does; each then arrives at its column block's counter (`last_arrival`), and the last to
+    arrive runs gb's kernel text for that block, reading the partials in split order 0..S-1 (the
+    result does not depend on the order of arrival). Returns (name, source, params, numels,
+    (counter name, its count as text: one per output)), or None where it does not apply: the
+    partials must be written at [split, output] (OUTER) or [output, split] by ga and read only
+    there by gb (outputs the same in both), and gb must write nothing ga touches."""
+    mode = one_kernel_mode()
+    splits, outer = _split_pair(ga, gb) if gb is not None and mode != "none" else (0, None)
+    if not splits or (not outer and mode != "all"):
         return None
     ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
-    if not outer_applies(ka) or not outer_applies(kb):
+    printed = _print_pair(ka, kb, outer)
+    if printed is None:
         return None
-    form, lines_a, _ = outer_reduction_kernel(ka)
-    kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
-    form_b, lines_b, _ = outer_reduction_kernel(kb)
     (xa, xb), rb = (ka.axes[0], kb.axes[0]), kb.axes[1]
-    if len(xa.dims) != 2 or len(xb.dims) != 1 or len(rb.dims) != 1 or xa.sizes[0] != splits \
-            or sympy.sympify(xa.sizes[1] - xb.sizes[0]) != 0:
-        return None
     cols = xb.numel
+    sizes = [splits, cols] if outer else [cols, splits]
+    if len(xa.dims) == 1:            # the partials' two dims merged (Prop. 6.3): one flat index
+        sizes = [splits * cols]
+    if len(xa.dims) != len(sizes) or len(xb.dims) != 1 or len(rb.dims) != 1 or \
+            any(sympy.sympify(a - b) != 0 for a, b in zip(xa.sizes, sizes)):
+        return None
     partials = [n for n in ka.writes if n in kb.reads]
     if not partials or set(kb.writes) & (set(ka.reads) | set(ka.writes)):
         return None
-    stored = texpr(cols * xa.dims[0] + xa.dims[1])
-    loaded = texpr(cols * rb.dims[0] + xb.dims[0])
-    if any(_accesses(lines_a, n, "tl.store") != [stored] or
-           set(_accesses(lines_b, n, "tl.load") or [None]) != {loaded} for n in partials):
+    stored = texpr(sizes[1] * xa.dims[0] + xa.dims[1] if len(sizes) == 2 else xa.dims[0])
+    loaded = texpr(cols * rb.dims[0] + xb.dims[0]) if outer else texpr(splits * xb.dims[0] + rb.dims[0])
+    if any(_accesses(printed[1], n, "tl.store") != [stored] or
+           set(_accesses(printed[4], n, "tl.load") or [None]) != {loaded} for n in partials):
         return None
-    return _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols)
+    return _one_kernel_text(ka, kb, printed, splits, cols, outer)
 
 
-def _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols) -> tuple:
+def _split_head(ka, splits, cols, outer) -> dict:
+    """ga's x lines, replaced: its program's outputs along program_id(0), its split program_id(1)."""
+    pid = (lambda d: f"tl.program_id({d})" + (".to(tl.int64)" if ka.index64 else ""))
+    split = f"split = {pid(1)}                # Alg. 6.1: the piece of the rows this program reduces"
+    head = {"xnumel": [f"xnumel = {texpr(cols)}"] if cols.is_Integer else []}
+    if outer:                        # partials [S, outputs]: split s's start at s * xnumel
+        head.update(xoffset=[split, f"xoffset = split * xnumel + {pid(0)} * XBLOCK"],
+                    xmask=["xmask = xindex < (split + 1) * xnumel"])
+    else:                            # partials [outputs, S]: row o of split s is o * S + s
+        head.update(xoffset=[split, f"xoffset = {pid(0)} * XBLOCK"],
+                    xindex=[f"xindex = (xoffset + tl.arange(0, XBLOCK)[:, None]) * {splits} + split"],
+                    xmask=[f"xmask = xindex < xnumel * {splits}"])
+    return head
+
+
+def _one_kernel_text(ka, kb, printed, splits, cols, outer) -> tuple:
     """Stitch the two printed bodies: ga's with program_id(1) as its split, gb's (its block names
     suffixed `_c`, the combine's) under `if last_arrival(...)`; then `finish` the kernel."""
-    pid = (lambda d: f"tl.program_id({d})" + (".to(tl.int64)" if ka.index64 else ""))
-    head = {"xnumel": [f"xnumel = {texpr(cols)}"] if cols.is_Integer else [],
-            "xoffset": [f"split = {pid(1)}                # Alg. 6.1: the piece of the rows this program reduces",
-                        f"xoffset = split * xnumel + {pid(0)} * XBLOCK"],
-            "xmask": ["xmask = xindex < (split + 1) * xnumel"]}
+    form, lines_a, hint, form_b, lines_b = printed
+    head = _split_head(ka, splits, cols, outer)
     body = []
     for line in lines_a:
-        body += head.get(line.split(" = ")[0], [line]) if line.startswith(("xnumel =", "xoffset =", "xmask =")) \
-            else [line]
+        body += head.get(line.split(" = ")[0], [line])
     counter = f"split_counts_{ka.index_no}"
     combine = [_COMBINE_NAMES.sub(r"\1_c", line) for line in lines_b if not line.startswith("xnumel =")]
     if form_b == "red":
         combine.insert(0, f"R0_BLOCK_c: tl.constexpr = {min(COMBINE_LOOP_BLOCK, next_pow2(splits))}")
-    body += [f"# §6.5 one kernel: the last of the {splits} splits to store its partials for this column block",
-             f"# combines them: it reads splits 0..{splits - 1} as one block, reduced in a fixed order (the same",
-             "# result whatever order they arrived in)",
+    body += [f"# §6.5 one kernel: the last of the {splits} splits to store its partials for this block of",
+             f"# outputs combines them: it reads splits 0..{splits - 1} as one block, reduced in a fixed order",
+             "# (the same result whatever order they arrived in)",
              f"if triton_helpers.last_arrival(@{counter}@ + tl.program_id(0), {splits}):"]
     body += ["    " + line for line in combine]
     ka.workspace[counter] = int32
@@ -266,8 +306,8 @@ def _one_kernel_text(ka, kb, form, form_b, lines_a, lines_b, splits, cols) -> tu
     ka.writes.update(kb.writes)
     ka.writes[counter] = True
     ka.axes[0] = Axis("x", list(kb.axes[0].dims), [cols])     # the launch's x: the output columns
-    name, src, params, numels = finish(ka, form, body, "OUTER", meta={"splits": splits})
+    name, src, params, numels = finish(ka, form, body, hint, meta={"splits": splits})
     combined = ", ".join(dict.fromkeys(kb.group.origins))
     first = src.split("\n", 1)[0]
-    src = src.replace(first, f"{first}; the last split of each column block combines: {combined}", 1)
+    src = src.replace(first, f"{first}; the last split of each block of outputs combines: {combined}", 1)
     return name, src, params, numels, (counter, texpr(cols))

@@ -68,11 +68,13 @@ def test_argmax_over_dim_0():
     assert np.array_equal(cf(x.to("cuda")).cpu().numpy(), np.argmax(x.numpy(), 0))
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_batch_norm_statistics_over_0_2_3(channels_last):
-    """NCHW (0, 2, 3): contiguous it is a row reduction (the INNER split keeps its two kernels);
-    channels-last its reads run across rows, the OUTER split, one kernel."""
-    shape = (5, 96, 23, 29)
+@pytest.mark.parametrize("channels_last,mode", [(False, "1"), (False, "all"), (True, "1")])
+def test_batch_norm_statistics_over_0_2_3(channels_last, mode, monkeypatch):
+    """NCHW (0, 2, 3): contiguous it is a row reduction, whose split stays two kernels by default
+    (STAX_SPLIT_ONE_KERNEL=all: one); channels-last its reads run across rows, the OUTER split,
+    one kernel."""
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", mode)
+    shape = (16, 32, 30, 30)
     if channels_last:
         base = stax.randn(5, 23, 29, 96)
 
@@ -97,7 +99,23 @@ def test_batch_norm_statistics_over_0_2_3(channels_last):
         m_ref, v_ref = ref(np.asarray(base.numpy(), np.float64))
         assert_close(mean.cpu(), m_ref, stax.float32, rtol=1e-4, atol=1e-5)
         assert_close(var.cpu(), v_ref, stax.float32, rtol=1e-4, atol=1e-5)
-    assert _one_kernel(cf.last_generated) == channels_last, cf.last_generated
+    assert _one_kernel(cf.last_generated) == (channels_last or mode == "all"), cf.last_generated
+
+
+@pytest.mark.parametrize("shape", [(64, 16384), (7, 40000), (3, 100003)])
+def test_row_splits_in_one_kernel(shape, monkeypatch):
+    """STAX_SPLIT_ONE_KERNEL=all: a row split (Listing 9.4's two kernels by default) as one, with
+    an epilogue; odd row lengths and row counts."""
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "all")
+    x = stax.randn(*shape)
+    gen = _run(lambda t: (t * t).sum(-1).sqrt() + 1, lambda a: np.sqrt((a * a).sum(-1)) + 1, x, count=shape[1])
+    assert _one_kernel(gen) and len(gen.kernels) == 1, gen
+
+
+def test_unknown_switch_value_is_an_error(monkeypatch):
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "yes")
+    with pytest.raises(ValueError, match="STAX_SPLIT_ONE_KERNEL='yes': use 1"):
+        stax.generate(lambda t: t.sum(0), stax.randn(2048, 160), device="cuda")
 
 
 def test_fused_prologue_and_epilogues():
