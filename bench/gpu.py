@@ -30,8 +30,9 @@ for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cubl
 with both measured times.
 
 `python bench/gpu.py reductions --onekernel-compare` (§6.5, issue 12): each reduction workload with
-Alg. 6.1's OUTER split as one kernel (the default) and as two (STAX_SPLIT_ONE_KERNEL=0), timed side
-by side in one run, the two checked against each other and the one-kernel result bitwise stable.
+Alg. 6.1's OUTER splits in one kernel (the default), every split as two kernels
+(STAX_SPLIT_ONE_KERNEL=0) and row splits in one kernel too (=all), timed side by side in one run,
+checked against each other and each bitwise stable over 50 calls.
 
 `python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
 with dynamic=True in the same run, both checked against each other, timed at the workload's size
@@ -1091,11 +1092,14 @@ def dynamic_vs_static(names, json_path=None):
             json.dump({"dynamic_rows": rows, "host_us": host}, fh, indent=1)
 
 
-def _compiled_with_split_form(fn, args, one_kernel: bool):
-    """fn compiled (and autotuned, at its first call) with the OUTER split as one kernel or as two
-    (STAX_SPLIT_ONE_KERNEL, read when the first call generates the code)."""
+SPLIT_FORMS = {"one": "1", "two": "0", "all": "all"}    # STAX_SPLIT_ONE_KERNEL's values (stax/triton_outer.py)
+
+
+def _compiled_with_split_form(fn, args, value: str):
+    """fn compiled (and autotuned, at its first call) with STAX_SPLIT_ONE_KERNEL=value, which the
+    first call reads when it generates the code."""
     saved = os.environ.get("STAX_SPLIT_ONE_KERNEL")
-    os.environ["STAX_SPLIT_ONE_KERNEL"] = "1" if one_kernel else "0"
+    os.environ["STAX_SPLIT_ONE_KERNEL"] = value
     try:
         f = stax.compile(fn)
         out = f(*args)
@@ -1113,10 +1117,11 @@ def _host_arrays(out) -> list:
 
 
 def onekernel_compare(names, json_path=None):
-    """§6.5 (issue 12): each reduction workload with Alg. 6.1's OUTER split as one kernel (the last
-    split of a column block combines) and as the two kernels of before, timed in alternating rounds
-    in one run; both checked against each other, and the one-kernel form called 50 times on one
-    input, every result bitwise equal (the counters reset, the combine's order fixed)."""
+    """§6.5 (issue 12): each reduction workload with Alg. 6.1's splits in the three forms of
+    STAX_SPLIT_ONE_KERNEL: OUTER splits in one kernel (the default, "one"), every split as two
+    kernels ("two", as before) and row splits in one kernel too ("all"), timed in alternating
+    rounds in one run; each checked against "two", and each called 50 times on one input, every
+    result bitwise equal (the counters reset, the combine's order fixed)."""
     bw = copy_bandwidth()
     props = cuda.get_device_properties()
     print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
@@ -1124,32 +1129,36 @@ def onekernel_compare(names, json_path=None):
     for name in names:
         fn, shapes = WORKLOADS[name]
         args = [make_input(s) for s in shapes]
-        one, out1 = _compiled_with_split_form(fn, args, True)
-        two, out2 = _compiled_with_split_form(fn, args, False)
-        ref, got = _host_arrays(out2), _host_arrays(out1)
-        agree = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
-        stable = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(one(*args)), got)) for _ in range(50))
-        times = {"one": [], "two": []}
+        compiled = {form: _compiled_with_split_form(fn, args, value) for form, value in SPLIT_FORMS.items()}
+        ref = _host_arrays(compiled["two"][1])
+        row = {"workload": name}
+        for form, (f, out) in compiled.items():
+            got = _host_arrays(out)
+            row[f"agree_{form}"] = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
+            row[f"stable_{form}"] = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(f(*args)), got))
+                                        for _ in range(50))
+            row[f"kernels_{form}"] = list(f.last_generated.kernels)
+        times = {form: [] for form in compiled}
         for _ in range(3):
-            times["one"].append(time_calls(one, args))
-            times["two"].append(time_calls(two, args))
-        outs = out1 if isinstance(out1, (tuple, list)) else [out1]
+            for form, (f, _) in compiled.items():
+                times[form].append(time_calls(f, args))
+        out = compiled["one"][1]
+        outs = out if isinstance(out, (tuple, list)) else [out]
         nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
-        floor = nbytes / bw * 1e3
-        ms1, ms2 = min(times["one"]), min(times["two"])
-        row = {"workload": name, "one_kernel_ms": ms1, "two_kernel_ms": ms2, "floor_ms": floor,
-               "frac_one": floor / ms1, "frac_two": floor / ms2, "agree": agree, "bitwise_stable": stable,
-               "kernels_one": list(one.last_generated.kernels), "kernels_two": list(two.last_generated.kernels)}
+        row["floor_ms"] = nbytes / bw * 1e3
+        for form in compiled:
+            row[f"{form}_ms"] = min(times[form])
+            row[f"frac_{form}"] = row["floor_ms"] / row[f"{form}_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del args, out1, out2, outs
-    print("\n| workload | one kernel ms | two kernels ms | two / one | floor ms | frac one | frac two | agree | stable | kernels (one / two) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        del args, compiled, out, outs
+    print("\n| workload | one (default) ms | two ms | all ms | floor ms | frac one / two / all | agree | stable | kernels (one / two / all) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['workload']} | {r['one_kernel_ms']:.4f} | {r['two_kernel_ms']:.4f} | "
-              f"{r['two_kernel_ms'] / r['one_kernel_ms']:.2f} | {r['floor_ms']:.4f} | {r['frac_one']:.2f} | "
-              f"{r['frac_two']:.2f} | {r['agree']} | {r['bitwise_stable']} | "
-              f"{', '.join(r['kernels_one'])} / {', '.join(r['kernels_two'])} |")
+        ok = lambda key: all(r[f"{key}_{f}"] for f in SPLIT_FORMS)      # noqa: E731
+        print(f"| {r['workload']} | {r['one_ms']:.4f} | {r['two_ms']:.4f} | {r['all_ms']:.4f} | {r['floor_ms']:.4f} | "
+              f"{r['frac_one']:.2f} / {r['frac_two']:.2f} / {r['frac_all']:.2f} | {ok('agree')} | {ok('stable')} | "
+              f"{' / '.join(', '.join(r['kernels_' + f]) for f in SPLIT_FORMS)} |")
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"onekernel_compare": rows}, fh, indent=1)
