@@ -299,14 +299,22 @@ def _extern_group(index: int, e, low, call: list, new: set, launch) -> int:
     return index
 
 
-def _one_kernel_calls(index: int, ga, gb, sched, allocated: set, launch):
-    """§6.5: Alg. 6.1's OUTER split (groups ga, gb) as one kernel (triton_outer.one_kernel_split):
-    its buffers, its column blocks' counters (int32, zeroed once, kept per artifact: the kernel
-    sets each back to 0) and its launch; (lines, the buffers they define), or None."""
+def _one_kernel_calls(index: int, ga, gb, sched, allocated: set, launch, multi: dict):
+    """§6.5: Alg. 6.1's split (groups ga, gb) as one kernel (triton_outer.one_kernel_split): its
+    buffers, its blocks' counters (int32, zeroed once, kept per artifact: the kernel sets each
+    back to 0) and its launch (a multi_kernel of both forms when the pieces' kernel has two);
+    (lines, the buffers they define), or None."""
     fused = one_kernel_split(index, ga, gb, sched)
     if fused is None:
         return None
-    name, src, params, numels, (counter, count) = fused
+    name, src, params, numels, (counter, count), other = fused
+    sources, runner = {name: src}, name
+    if other is not None:            # both forms of a multi-pass row's pieces; the first launch measures
+        name2, src2, params2 = one_kernel_split(index, ga, gb, sched, force_form=other)[:3]
+        assert params2 == params, (params, params2)
+        sources[name2] = src2
+        runner = f"multi_kernel_{index}"
+        multi[runner] = [name, name2]
     call, new, low = [], set(), sched.lowered
     for p in params:
         if p == counter:
@@ -315,7 +323,7 @@ def _one_kernel_calls(index: int, ga, gb, sched, allocated: set, launch):
             b = low.buffer(p)
             call.append(_alloc(p, b.layout, b.dtype))
             new.add(p)
-    launch(call, {name: src}, name, [pyname(p) for p in params] + [_numel_text(n) for n in numels])
+    launch(call, sources, runner, [pyname(p) for p in params] + [_numel_text(n) for n in numels])
     call.append(f"del {pyname(counter)}")
     return call, new
 
@@ -340,7 +348,7 @@ def generate(sched) -> TritonModule:
         fused = None
         if g.kind == "reduction" and g.index not in combined:
             fused = _one_kernel_calls(index, g, groups[pos + 1] if pos + 1 < len(groups) else None,
-                                      sched, allocated, launch)
+                                      sched, allocated, launch, multi)
         if g.index in combined:
             pass                     # (its lines ran in the one kernel before it)
         elif fused is not None:

@@ -227,12 +227,12 @@ def _print_pair(ka, kb, outer: bool):
     form, lines_a, hint = kernel(ka)
     kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
     form_b, lines_b, _ = kernel(kb)
-    if ka.other_form or kb.other_form or "xmask" in ka.always_true | kb.always_true:
+    if kb.other_form or "xmask" in ka.always_true | kb.always_true:
         return None
     return form, lines_a, hint, form_b, lines_b
 
 
-def one_kernel_split(index: int, ga, gb, sched):
+def one_kernel_split(index: int, ga, gb, sched, force_form=None):
     """Alg. 6.1's two kernels (ga: the split's partials, gb: their combine and epilogue) as one:
     programs (column block, split) reduce their piece and store its partials as ga's kernel
     does; each then arrives at its column block's counter (`last_arrival`), and the last to
@@ -240,12 +240,15 @@ def one_kernel_split(index: int, ga, gb, sched):
     result does not depend on the order of arrival). Returns (name, source, params, numels,
     (counter name, its count as text: one per output)), or None where it does not apply: the
     partials must be written at [split, output] (OUTER) or [output, split] by ga and read only
-    there by gb (outputs the same in both), and gb must write nothing ga touches."""
+    there by gb (outputs the same in both), and gb must write nothing ga touches. A split whose
+    pieces' kernel has two forms (a multi-pass row, §9.4) gives both: the result's last item is
+    the other form, for a second call with `force_form` (else None)."""
     mode = one_kernel_mode()
     splits, outer = _split_pair(ga, gb) if gb is not None and mode != "none" else (0, None)
     if not splits or (not outer and mode != "all"):
         return None
     ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
+    ka.force_form = force_form
     printed = _print_pair(ka, kb, outer)
     if printed is None:
         return None
@@ -310,4 +313,4 @@ def _one_kernel_text(ka, kb, printed, splits, cols, outer) -> tuple:
     combined = ", ".join(dict.fromkeys(kb.group.origins))
     first = src.split("\n", 1)[0]
     src = src.replace(first, f"{first}; the last split of each block of outputs combines: {combined}", 1)
-    return name, src, params, numels, (counter, texpr(cols))
+    return name, src, params, numels, (counter, texpr(cols)), ka.other_form

@@ -169,3 +169,30 @@ def test_cpu_keeps_its_column_split():
     gen = stax.generate(lambda t: t.sum(0), x)
     assert "last_arrival" not in str(gen) and "split_counts" not in gen.wrapper
     assert_close(stax.compile(lambda t: t.sum(0))(x), np.asarray(x.numpy(), np.float64).sum(0), stax.float32)
+
+
+def test_row_split_with_two_forms_of_its_pieces(monkeypatch):
+    """STAX_SPLIT_ONE_KERNEL=all on batch-norm statistics whose pieces (whole images, 65 x 65) have
+    a persistent and a looped form (§9.4's multi-pass row): a multi_kernel of two one-kernel forms,
+    each checked (the interpreter runs the first; the second forced), data with a large mean."""
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "all")
+    rng = np.random.default_rng(5)
+    b = (5 + 3 * rng.standard_normal((8, 3, 65, 65))).astype(np.float32)
+    fn = lambda t: (t.mean((0, 2, 3)), t.var((0, 2, 3), unbiased=False))      # noqa: E731
+    cf = stax.compile(fn)
+    B = b.astype(np.float64)
+    for _ in range(2):
+        mean, var = cf(stax.tensor(b).to("cuda"))
+        assert_close(mean.cpu(), B.mean((0, 2, 3)), stax.float32)
+        assert_close(var.cpu(), B.var((0, 2, 3)), stax.float32, rtol=2e-5)
+    gen = cf.last_generated
+    assert "multi_kernel_0" in gen.wrapper and gen.wrapper.count(".run(") == 1 and len(gen.kernels) == 2, gen
+    assert all("triton_helpers.last_arrival(" in t for t in gen.kernels.values())
+    from stax import triton_heuristics
+    names = list(gen.kernels)
+    module = cf.artifacts[next(iter(cf.artifacts))][0].__globals__
+    module["multi_kernel_0"].chosen = module[names[1]]          # the other form, run the same way
+    mean, var = cf(stax.tensor(b).to("cuda"))
+    assert_close(mean.cpu(), B.mean((0, 2, 3)), stax.float32)
+    assert_close(var.cpu(), B.var((0, 2, 3)), stax.float32, rtol=2e-5)
+    assert isinstance(module["multi_kernel_0"], triton_heuristics.MultiKernel)
