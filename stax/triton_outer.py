@@ -18,7 +18,8 @@ splits a reduction whose outputs give too few programs of XBLOCK columns to fill
 partials laid out [splits, outputs] (`lower.split_reduction(outer=True)`), so both of its kernels
 are OUTER kernels too; `one_kernel_split` prints the two as one kernel (§6.5): programs (column
 block, split) store their partials, and the last of a column block to arrive at its counter runs
-the combine's text (two launches, a ramp and a tail saved; STAX_SPLIT_ONE_KERNEL=0 keeps two).
+the combine's text (two launches, a ramp and a tail saved; STAX_SPLIT_ONE_KERNEL=0 keeps two;
+=all does the same for a row reduction's split, printed by `triton_reduction.reduction_kernel`).
 
 Consumes a reduction fusion group; produces (form, lines, 'OUTER') like `reduction_kernel`.
 

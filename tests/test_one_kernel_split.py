@@ -6,8 +6,9 @@ counter (`triton_helpers.last_arrival`), and the last to arrive reads the block'
 split order and runs the combine and any epilogue, then sets the counter back to 0. These tests
 run the kernels in Triton's interpreter against float64 numpy (odd sizes, 7 splits, half types,
 fused prologues and epilogues, symbolic sizes), check that a second call (the counters reset)
-gives the same bits, that `STAX_SPLIT_ONE_KERNEL=0` restores the two kernels, and that the
-kernel text builds for sm_90 (tests/test_gpu.py's MORE holds the var case; the golden is
+gives the same bits, that `STAX_SPLIT_ONE_KERNEL=0` restores the two kernels and `=all` joins
+row splits too (a multi_kernel where the pieces have two forms), and that the kernel text builds
+for sm_90 (tests/test_gpu.py's MORE holds the var case; the golden is
 tests/golden/outer_split.py).
 """
 import math
@@ -196,3 +197,28 @@ def test_row_split_with_two_forms_of_its_pieces(monkeypatch):
     assert_close(mean.cpu(), B.mean((0, 2, 3)), stax.float32)
     assert_close(var.cpu(), B.var((0, 2, 3)), stax.float32, rtol=2e-5)
     assert isinstance(module["multi_kernel_0"], triton_heuristics.MultiKernel)
+
+
+def test_row_split_kernels_build_for_sm90(tmp_path, monkeypatch):
+    """The =all forms (tests/test_gpu.py builds the default ones): every candidate for sm_90."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from test_gpu import SM90_SCRIPT
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "all")
+    paths = []
+    for i, (fn, shape) in enumerate([(lambda t: (t * t).sum(-1).sqrt(), (64, 16384)),
+                                     (lambda t: (t.mean((0, 2, 3)), t.var((0, 2, 3))), (8, 3, 65, 65))]):
+        gen = stax.generate(fn, stax.randn(*shape), device="cuda")
+        assert _one_kernel(gen), gen
+        path = tmp_path / f"m{i}.py"
+        path.write_text(gen.module.source)
+        paths.append(str(path))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True, text=True,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    built = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(built) >= 6 and all(elf and warps >= 1 for elf, warps in built.values()), built

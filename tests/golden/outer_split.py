@@ -1,4 +1,4 @@
-# triton_red_fused_0: computes sum; the last split of each column block combines: sum
+# triton_red_fused_0: computes sum; the last split of each block of outputs combines: sum
 @triton_heuristics.reduction(size_hints={'x': 512, 'r0_': 128}, reduction_hint=ReductionHint.OUTER, meta={'splits': 8}, signature={'in_out_ptr0': '*fp32', 'in_out_ptr1': '*i32', 'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32', 'r0_numel': 'i32'})
 @triton.jit
 def triton_red_fused_0(in_out_ptr0, in_out_ptr1, in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK : tl.constexpr, R0_BLOCK : tl.constexpr):
@@ -27,9 +27,9 @@ def triton_red_fused_0(in_out_ptr0, in_out_ptr1, in_ptr0, out_ptr0, xnumel, r0_n
         _tmp0 = tl.where(r0_mask & xmask, tmp3, _tmp0)
     tmp0 = tl.sum(_tmp0, 0)[None, :]
     tl.store(in_out_ptr0 + (512*x0 + x1), tmp0, xmask)
-    # §6.5 one kernel: the last of the 8 splits to store its partials for this column block
-    # combines them: it reads splits 0..7 as one block, reduced in a fixed order (the same
-    # result whatever order they arrived in)
+    # §6.5 one kernel: the last of the 8 splits to store its partials for this block of
+    # outputs combines them: it reads splits 0..7 as one block, reduced in a fixed order
+    # (the same result whatever order they arrived in)
     if triton_helpers.last_arrival(in_out_ptr1 + tl.program_id(0), 8):
         r0_numel_c = 8
         R0_BLOCK_c: tl.constexpr = 8
