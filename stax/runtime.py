@@ -146,14 +146,15 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
 
     def zeroed_workspace_cuda(name, numel):
         """int32 counters zeroed once, when first allocated (or outgrown by a larger size), and kept:
-        every launch leaves them 0 again (triton_helpers.last_arrival), so no call zeroes them."""
-        t = counters.get(name)
-        if t is None or t.shape[0] < numel:
+        every launch leaves them 0 again (triton_helpers.last_arrival), so no call zeroes them.
+        Outgrown ones stay allocated too: a CUDA graph recorded at a smaller size replays on them."""
+        held = counters.setdefault(name, [])
+        if not held or held[-1].shape[0] < numel:
             import numpy as np
-            array = cuda.DeviceArray(max(1, numel), np.dtype(np.int32)).upload(np.zeros(max(1, numel), np.int32))
-            t = counters[name] = Tensor._make(Storage(array, "cuda"), Meta((max(1, numel),), (1,),
-                                                                            DTYPES["int32"], "cuda", 0))
-        return t
+            n = max(1, numel)
+            array = cuda.DeviceArray(n, np.dtype(np.int32)).upload(np.zeros(n, np.int32))
+            held.append(Tensor._make(Storage(array, "cuda"), Meta((n,), (1,), DTYPES["int32"], "cuda", 0)))
+        return held[-1]
 
     def get_raw_stream(index):
         return None            # one stream per process (stax.cuda's default stream)
