@@ -32,6 +32,11 @@ A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candid
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
 with both measured times.
 
+`python bench/gpu.py reductions --onekernel-compare` (§6.5, issue 12): each reduction workload with
+Alg. 6.1's OUTER splits in one kernel (the default), every split as two kernels
+(STAX_SPLIT_ONE_KERNEL=0) and row splits in one kernel too (=all), timed side by side in one run,
+checked against each other and each bitwise stable over 50 calls.
+
 `python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
 with dynamic=True in the same run, both checked against each other, timed at the workload's size
 (the hint) in alternating rounds; prints the ratio dynamic / static (target <= 1.10 on every
@@ -1164,6 +1169,78 @@ def dynamic_vs_static(names, json_path=None):
             json.dump({"dynamic_rows": rows, "host_us": host}, fh, indent=1)
 
 
+SPLIT_FORMS = {"one": "1", "two": "0", "all": "all"}    # STAX_SPLIT_ONE_KERNEL's values (stax/triton_outer.py)
+
+
+def _compiled_with_split_form(fn, args, value: str):
+    """fn compiled (and autotuned, at its first call) with STAX_SPLIT_ONE_KERNEL=value, which the
+    first call reads when it generates the code."""
+    saved = os.environ.get("STAX_SPLIT_ONE_KERNEL")
+    os.environ["STAX_SPLIT_ONE_KERNEL"] = value
+    try:
+        f = stax.compile(fn)
+        out = f(*args)
+        cuda.synchronize()
+    finally:
+        if saved is None:
+            os.environ.pop("STAX_SPLIT_ONE_KERNEL")
+        else:
+            os.environ["STAX_SPLIT_ONE_KERNEL"] = saved
+    return f, out
+
+
+def _host_arrays(out) -> list:
+    return [np.asarray(o.cpu().float().numpy(), np.float64) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def onekernel_compare(names, json_path=None):
+    """§6.5 (issue 12): each reduction workload with Alg. 6.1's splits in the three forms of
+    STAX_SPLIT_ONE_KERNEL: OUTER splits in one kernel (the default, "one"), every split as two
+    kernels ("two", as before) and row splits in one kernel too ("all"), timed in alternating
+    rounds in one run; each checked against "two", and each called 50 times on one input, every
+    result bitwise equal (the counters reset, the combine's order fixed)."""
+    bw = copy_bandwidth()
+    props = cuda.get_device_properties()
+    print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
+    rows = []
+    for name in names:
+        fn, shapes = WORKLOADS[name]
+        args = [make_input(s) for s in shapes]
+        compiled = {form: _compiled_with_split_form(fn, args, value) for form, value in SPLIT_FORMS.items()}
+        ref = _host_arrays(compiled["two"][1])
+        row = {"workload": name}
+        for form, (f, out) in compiled.items():
+            got = _host_arrays(out)
+            row[f"agree_{form}"] = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
+            row[f"stable_{form}"] = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(f(*args)), got))
+                                        for _ in range(50))
+            row[f"kernels_{form}"] = list(f.last_generated.kernels)
+        times = {form: [] for form in compiled}
+        for _ in range(3):
+            for form, (f, _) in compiled.items():
+                times[form].append(time_calls(f, args))
+        out = compiled["one"][1]
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
+        row["floor_ms"] = nbytes / bw * 1e3
+        for form in compiled:
+            row[f"{form}_ms"] = min(times[form])
+            row[f"frac_{form}"] = row["floor_ms"] / row[f"{form}_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del args, compiled, out, outs
+    print("\n| workload | one (default) ms | two ms | all ms | floor ms | frac one / two / all | agree | stable | kernels (one / two / all) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        ok = lambda key: all(r[f"{key}_{f}"] for f in SPLIT_FORMS)      # noqa: E731
+        print(f"| {r['workload']} | {r['one_ms']:.4f} | {r['two_ms']:.4f} | {r['all_ms']:.4f} | {r['floor_ms']:.4f} | "
+              f"{r['frac_one']:.2f} / {r['frac_two']:.2f} / {r['frac_all']:.2f} | {ok('agree')} | {ok('stable')} | "
+              f"{' / '.join(', '.join(r['kernels_' + f]) for f in SPLIT_FORMS)} |")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"onekernel_compare": rows}, fh, indent=1)
+
+
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
     conv_names = [a for a in argv if a in CONVS] or (list(CONVS) if "conv" in argv else [])
@@ -1217,6 +1294,8 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"attention": rows}, fh, indent=1)
         return
+    if "--onekernel-compare" in argv:   # §6.5 (issue 12): the OUTER split as one kernel and as two
+        return onekernel_compare(selected(argv) or GROUPS["reductions"], json_path)
     if "--dynamic" in argv:             # §10.4: each workload dynamic beside static (issue 10)
         return dynamic_vs_static(selected(argv) or list(WORKLOADS), json_path)
     idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])

@@ -381,6 +381,9 @@ def _target(device: str) -> str:
         from .cublas import available
         debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
         debug += ",cublaslt" if available() else ""               # §9.8: the extern candidate printed
+        from .triton_outer import one_kernel_mode
+        split = one_kernel_mode()                                 # §6.5 STAX_SPLIT_ONE_KERNEL
+        debug += "" if split == "outer" else f",one_kernel_split={split}"
         if cuda.is_available():
             p = cuda.get_device_properties()
             return f"sm={p.sm_count},cc={p.cc},mm={_tuning._precision[0]}{debug}"
