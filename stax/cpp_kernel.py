@@ -149,12 +149,14 @@ class CppPrinter(Printer):
 
     def index_expr(self, expr, dtype):
         var = self.emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
-        self.kernel.index_of[var.name] = self.kernel.final(expr)
+        known = getattr(self.kernel, "index_of", None)   # (a mod's body, attention.py, has none)
+        if known is not None:
+            known[var.name] = self.kernel.final(expr)
         return var
 
     def lt(self, a, b):
         var = self.emit(f"({a} < {b})", bool_)
-        known = self.kernel.index_of
+        known = getattr(self.kernel, "index_of", None) or {}
         if a.name in known and b.name in known:     # a bound check: `masked` may know it holds
             self.kernel.compares[var.name] = (known[a.name], known[b.name])
         return var
