@@ -553,8 +553,10 @@ class CompiledFunction:
         if not fast.same(args, autograd._mode.enabled) or fast.reads is not self.reads or \
                 current_tracer() is not None or _tuning._precision[0] is not self._precision:
             return _MISS
+        if not fast.live:                       # (the common case: nothing read besides the arguments)
+            return self._run(fast.entry, args, {}, [], fast.alias) if fast.call is None else fast.run(args)
         lifted = []
-        if fast.live and tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
+        if tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
             return _MISS
         if fast.call is not None and not lifted:
             return fast.run(args)

@@ -1,8 +1,8 @@
 """§2 The specialization key: what a compiled artifact is reused under, and §10.4's bookkeeping.
 
-Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`) and the front end
-(`capture`); `stax.compile` (`CompiledFunction`) builds its keys and automatic-dynamic decisions
-from these functions.
+Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`), the front end
+(`capture`) and `cudagraph` (its generated identity check, for `LastCall`); `stax.compile`
+(`CompiledFunction`) builds its keys and automatic-dynamic decisions from these functions.
 
 Consumes a call's arguments; produces hashable keys (static: dtypes, devices, shapes, strides;
 dynamic: ranks and the 0/1 sizes; a family key for automatic dynamic), the int arguments carried
@@ -28,7 +28,7 @@ from operator import call as _call, is_ as _is
 
 import numpy as np
 
-from . import capture as _capture
+from . import capture as _capture, cudagraph as _cudagraph
 from .dtypes import bool_ as _bool
 from .tensor import Meta, Storage, Tensor
 
@@ -203,8 +203,11 @@ class LastCall:
     `run` is the entry's call without `_run`'s general steps, for an entry that needs none of
     them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
     (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
-    that call passed its condition 2 whole: these are the same tensors, so it replays at once."""
-    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again")
+    that call passed its condition 2 whole: these are the same tensors, so it replays at once.
+    While it holds a token (which holds the tensors), `same` is the token's generated check
+    (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
+    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again",
+                 "check")
 
     def __init__(self, args, reads, live, key, entry, alias):
         self.refs = tuple([weakref.ref(a) for a in args])
@@ -212,12 +215,14 @@ class LastCall:
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
         self.call = call if flat is True and not lifts and not floats and alias is None else None
-        self.again, self.token = getattr(self.call, "call_with_token", None), None
+        self.again, self.token, self.check = getattr(self.call, "call_with_token", None), None, None
 
     def same(self, args, grad_enabled) -> bool:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
         if len(args) != len(self.refs):
             return False
+        if self.check is not None:
+            return self.check(args, grad_enabled)
         if grad_enabled:
             for a, r in zip(args, self.refs):
                 if r() is not a or a.requires_grad:
@@ -234,7 +239,10 @@ class LastCall:
             if self.again is None:
                 outs = self.call(inputs)
             else:
-                outs, self.token = self.again(inputs)
+                outs, token = self.again(inputs)
+                if token is not self.token:   # (token[0]: these args, then the constants)
+                    self.token, self.check = token, None if token is None else \
+                        token[2] if not self.consts else _cudagraph.same_tensors(token[0][:len(args)])
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))
