@@ -43,6 +43,7 @@ import re
 import threading
 import warnings
 import weakref
+from operator import is_ as _is
 
 from . import cuda
 from .tensor import Meta, Storage, Tensor
@@ -316,8 +317,9 @@ class Recording:
         # per position, the last call's (storage, meta, data pointer): a tensor passed again
         # (storage and layout objects identical, so the same address) skips its checks
         self.seen = [None] * self.n
-        self.again = None                  # (the last call's tensors, their copies, same_tensors of
-                                           # them): all known, so the same tensors pass whole
+        # [the last call's tensors, their copies, same_tensors of them (made on their first repeat)]
+        # when all were known: the same tensors again pass condition 2 whole
+        self.again = None
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
         self.outs = outs
@@ -479,9 +481,13 @@ class GraphedCall:
         if rec is None or len(args) != rec.n:
             return self._slow(args)
         again = rec.again
-        if again is not None and again[2](args, False):
-            self.last = again
-            return self._replay(rec, args, again[1])     # the last call's very tensors
+        if again is not None:
+            check = again[2]
+            if check is None and all(map(_is, args, again[0])):     # their first repeat (a new
+                check = again[2] = same_tensors(again[0])             # batch each call makes none)
+            if check is not None and check(args, False):
+                self.last = again
+                return self._replay(rec, args, again[1])     # the last call's very tensors
         copies, seen, known = [], rec.seen, True
         for i, t in enumerate(args):
             st, m = t._storage, t._meta
@@ -501,11 +507,7 @@ class GraphedCall:
                 copies.append((rec.ptrs[i], p, rec.staged[i][1]))
         # a tensor's storage and layout never change, so the same tensors pass condition 2
         # again with the same copies: one identity test per input next time
-        if known:
-            tensors = tuple(args)
-            rec.again = self.last = (tensors, copies, same_tensors(tensors))
-        else:
-            rec.again = None
+        rec.again = self.last = [tuple(args), copies, None] if known else None
         return self._replay(rec, args, copies)
 
     @property

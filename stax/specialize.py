@@ -204,8 +204,8 @@ class LastCall:
     them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
     (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
     that call passed its condition 2 whole: these are the same tensors, so it replays at once.
-    While it holds a token (which holds the tensors), `same` is the token's generated check
-    (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
+    While it holds a token (which holds the tensors), `same`, once it passed, is a generated
+    check (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
     __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again",
                  "check")
 
@@ -221,14 +221,18 @@ class LastCall:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
         if len(args) != len(self.refs):
             return False
-        if self.check is not None:
-            return self.check(args, grad_enabled)
+        check = self.check
+        if check is not None:
+            return check(args, grad_enabled)
         if grad_enabled:
             for a, r in zip(args, self.refs):
                 if r() is not a or a.requires_grad:
                     return False
-            return True
-        return all(map(_is, args, map(_call, self.refs)))
+        elif not all(map(_is, args, map(_call, self.refs))):
+            return False
+        if self.token is not None:            # (which holds them): one generated check from now on
+            self.check = _cudagraph.same_tensors(self.token[0][:len(args)])
+        return True
 
     def run(self, args):
         outs = None
@@ -241,8 +245,7 @@ class LastCall:
             else:
                 outs, token = self.again(inputs)
                 if token is not self.token:   # (token[0]: these args, then the constants)
-                    self.token, self.check = token, None if token is None else \
-                        token[2] if not self.consts else _cudagraph.same_tensors(token[0][:len(args)])
+                    self.token, self.check = token, None
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))
