@@ -547,16 +547,18 @@ class CompiledFunction:
             self._fast = _LastCall(args, self.reads, live, key, entry, alias)
 
     def _call_again(self, fast, args):
-        """The call with the very tensors of the last one: their key, aliasing and guards are the
-        last call's; what can change between calls is checked again (the tracer, grad, the matmul
-        precision, the values the function reads besides its arguments). _MISS: the full path."""
-        if not fast.same(args, autograd._mode.enabled) or fast.reads is not self.reads or \
-                current_tracer() is not None or _tuning._precision[0] is not self._precision:
+        """The call with the very tensors of the last one, or with some replaced by tensors of the
+        same layout (`LastCall.similar`): their key, aliasing and guards are the last call's; what
+        can change between calls is checked again (the tracer, grad, the matmul precision, the
+        values the function reads besides its arguments). _MISS: the full path."""
+        if fast.reads is not self.reads or current_tracer() is not None or _tuning._precision[0] is not self._precision:
             return _MISS
-        if not fast.live:                       # (the common case: nothing read besides the arguments)
-            return self._run(fast.entry, args, {}, [], fast.alias) if fast.call is None else fast.run(args)
+        if not fast.same(args, autograd._mode.enabled):     # a new batch: its own memo if its key is the same
+            if (fast := fast.similar(args, autograd._mode.enabled, self.ndarrays)) is None:
+                return _MISS
+            self._fast = fast
         lifted = []
-        if tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
+        if fast.live and tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
             return _MISS
         if fast.call is not None and not lifted:
             return fast.run(args)

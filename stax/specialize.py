@@ -192,6 +192,14 @@ def describe_change(old, new) -> str:
 
 # ---- §2 The last call again: a key decided without being built (host time per call) ----
 
+_new = object.__new__
+
+
+def _span(t):
+    """The memory of `t`'s storage, as the key's aliasing test sees it (None: no elements)."""
+    return None if 0 in t._meta.shape or t._storage is None else _capture.storage_memory(t._storage)
+
+
 
 class LastCall:
     """The last call's tensors, held weakly, and what `CompiledFunction` decided for them (the
@@ -207,10 +215,11 @@ class LastCall:
     While it holds a token (which holds the tensors), `same`, once it passed, is a generated
     check (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
     __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again",
-                 "check")
+                 "check", "metas", "spans")
 
     def __init__(self, args, reads, live, key, entry, alias):
         self.refs = tuple([weakref.ref(a) for a in args])
+        self.metas, self.spans = tuple([a._meta for a in args]), None
         self.reads, self.live, self.key, self.entry, self.alias = reads, live, key, entry, alias
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
@@ -233,6 +242,49 @@ class LastCall:
         if self.token is not None:            # (which holds them): one generated check from now on
             self.check = _cudagraph.same_tensors(self.token[0][:len(args)])
         return True
+
+    def similar(self, args, grad_enabled, ndarrays=False):
+        """A LastCall of `args`' own (`rebound`) when they are the last call's tensors with some
+        replaced (a new batch) and their key would be the last call's: each new one a plain
+        tensor with the very dtype, device, sizes and strides of the one it replaces, none of
+        `args` requiring grad (under grad mode), no two of them sharing memory (the key's
+        aliasing part stays None: the last call had none). None otherwise, or when the function
+        was ever given ndarrays (`ndarrays`: their marks are in the key): the full path decides."""
+        refs, metas = self.refs, self.metas
+        if ndarrays or len(args) != len(refs) or self.alias is not None:
+            return None
+        changed = [i for i, a, r in zip(range(len(refs)), args, refs) if r() is not a]
+        for i in changed:
+            t, o = args[i], metas[i]
+            if t.__class__ is not Tensor or "_ndarray" in t.__dict__:
+                return None
+            m = t._meta
+            if m.shape != o.shape or m.stride != o.stride or m.dtype.name != o.dtype.name or m.device != o.device:
+                return None
+        if grad_enabled and builtins.any([a.requires_grad for a in args]):
+            return None
+        # (the unchanged positions hold the last call's tensors: their spans are the last call's)
+        spans = list(self.spans) if self.spans is not None else [_span(a) for a in args]
+        for i in changed:
+            spans[i] = _span(args[i])
+        for i in changed:
+            if spans[i] is not None:
+                lo, hi = spans[i]
+                if builtins.any(s is not None and s[0] < hi and lo < s[1] for j, s in enumerate(spans) if j != i):
+                    return None
+        return self.rebound(args, changed, tuple(spans))
+
+    def rebound(self, args, changed, spans):
+        """This decision for `args` (`similar` said it holds): a LastCall of their own, since a
+        token belongs to the tensors it was given for."""
+        new = _new(LastCall)
+        for k in LastCall.__slots__:
+            setattr(new, k, getattr(self, k))
+        refs, metas = list(self.refs), list(self.metas)
+        for i in changed:
+            refs[i], metas[i] = weakref.ref(args[i]), args[i]._meta
+        new.refs, new.metas, new.spans, new.token, new.check = tuple(refs), tuple(metas), spans, None, None
+        return new
 
     def run(self, args):
         outs = None
