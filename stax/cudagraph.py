@@ -33,6 +33,8 @@ Where to look:
   - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
+  - `same_tensors` ............ the generated identity check of a call's tensors (the host path
+                                of the same tensors again, here and in `specialize.LastCall`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
