@@ -415,6 +415,12 @@ def test_overwritten_outputs_raise_on_the_fast_paths(fake, rng):
     assert_close(y2.cpu(), many_ref(b2, *args[1:]), stax.float32)
     with pytest.raises(cudagraph.OverwrittenOutputError):
         f(y1, *args[1:])
+    g = graphed(f)                           # on the GraphedCall itself: only the new first input
+    g([b1] + args[1:])                       # is checked (`Recording.again`), and it raises
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        g([y2] + args[1:])
+    moved = cuda_randn(rng, 7)               # a changed, unstaged position: recorded again
+    assert_close(g([b1] + args[1:16] + [moved])[0].cpu(), many_ref(b1, *args[1:16], moved), stax.float32)
 
 
 def test_new_batch_reuses_the_key_only_when_it_would_be_the_same(fake, rng):
