@@ -11,7 +11,8 @@ channels-last); `python bench/gpu.py adamw` only issue 16's optimizer step: stax
 step over a 4-layer width-1024 MLP's parameters against torch.optim.AdamW (foreach=True and fused=True).
 `python bench/gpu.py train` only §5's training steps (forward + backward + AdamW, the loss
 stax.compile'd against torch.compile'd, with each one's peak memory): the 4-layer width-1024 MLP at
-batch 64, and a GPT-2-small block (examples/gpt2_block.py, C=768, seq 1024, batch 8); `train --tiny`
+batch 64, and a GPT-2-small block (examples/gpt2_block.py, C=768, seq 1024, batch 8; `train gpt2
+[--no-torch]` that one alone, e.g. beside STAX_ATTENTION_REWRITE=0); `train --tiny`
 runs Stax's side at small sizes (through TRITON_INTERPRET=1 where there is no GPU).
 For each workload (WORKLOADS below, at the shapes the torch.compile reference figures were taken) it prints, from one run: Stax's time
 (CUDA events around each call of the compiled function after an L2 flush, as
@@ -24,10 +25,17 @@ It also measures the host time per launch, the cold compile of a one-kernel func
 
 `python bench/gpu.py coldmlp` times issue 14's tuning cost: the 4-layer MLP block's cold compile
 (fresh caches, a new process, default mode) and its warm-cache first call.
+`python bench/gpu.py smallm` times that block's GEMM under every candidate of the template's table
+(the GPU alone, in a CUDA graph), before and after issue 14's small-M candidate list.
 `python bench/gpu.py fp8` runs only §9.8's float8 rows: stax._scaled_mm against torch._scaled_mm.
 A matmul row (`python bench/gpu.py mm_fp32_high split_k`) also says which candidate Alg. 9.1 chose
 for each GEMM: the Triton template or cuBLASLt (stax/cublas.py, when nvidia-cublas is installed),
 with both measured times.
+
+`python bench/gpu.py reductions --onekernel-compare` (§6.5, issue 12): each reduction workload with
+Alg. 6.1's OUTER splits in one kernel (the default), every split as two kernels
+(STAX_SPLIT_ONE_KERNEL=0) and row splits in one kernel too (=all), timed side by side in one run,
+checked against each other and each bitwise stable over 50 calls.
 
 `python bench/gpu.py --dynamic [workload ...]` (§10, issue 10): each workload compiled static and
 with dynamic=True in the same run, both checked against each other, timed at the workload's size
@@ -481,31 +489,100 @@ rng = np.random.default_rng(0)
 fn, _, arrays, dt = gpu.launch_bound_inputs(rng)["mlp_bf16_b8"]
 args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(stax.bfloat16) for a in arrays]
 cuda.synchronize()
+if {late_setup}:                       # triton's setup left to the first compile, as before issue 14
+    import threading
+    from stax import cuda_triton
+    done = threading.Thread(target=lambda: None); done.start(); done.join(); cuda_triton._warming.append(done)
+if {full_table}:                       # the GEMM's 8 candidates of before issue 14's small-M list
+    from stax import template_tuning
+    template_tuning.SMALL_M = 0
 f = stax.compile(fn)
 t0 = time.perf_counter(); f(*args); cuda.synchronize(); t = time.perf_counter() - t0
 print("SECONDS", t, "kernels", len(f.last_generated.kernels))
+from stax import cache                 # what Alg. 9.1 measured (the records this process wrote)
+for p in sorted(cache.folder("autotune").glob("*.json")):
+    r = cache.read_sealed_json(p, lambda r: isinstance(r, dict), "a record")
+    if r and "candidate_ms" in r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], "chosen", r["config"], "candidate ms",
+              [round(x, 4) for x in r["candidate_ms"]], "of", len(r["candidates"]))
+    elif r:
+        print("RECORD", p.stem.rsplit("_", 1)[0], {{k: v for k, v in r.items() if k != "key"}})
 """
 
 
 def mlp_compile_times():
     """Issue 14's tuning cost: the cold compile (fresh Stax and Triton caches, a new process) of the
     4-layer MLP block (four 1024x1024 bf16 matmuls at batch 8, default mode), then a warm-cache
-    process. `python bench/gpu.py coldmlp`."""
+    process; then, each cold, the two changes of issue 14 that can be undone in a process: triton's
+    setup left to the first compile, and the GEMM's full 8 candidates. `python bench/gpu.py coldmlp`."""
     import tempfile
     root = os.path.join(os.path.dirname(__file__), "..")
     base = dict(os.environ)
     base.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="stax-pyc-"))
     base.pop("PYTHONDONTWRITEBYTECODE", None)     # bytecode present, as after `pip install`
     subprocess.run([sys.executable, "-c", "import sympy, triton, numpy, cffi"], check=True, env=base)
-    env = dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
-               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    def fresh():
+        return dict(base, STAX_CACHE_DIR=tempfile.mkdtemp(prefix="stax-bench-"),
+                    TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="triton-bench-"))
+    env = fresh()
     out = []
-    for what in ("cold compile", "warm on-disk cache"):
-        r = subprocess.run([sys.executable, "-c", COLD_MLP.format(root=root)], env=env, capture_output=True, text=True)
+    for what, late_setup, full_table in (("cold compile", False, False), ("warm on-disk cache", False, False),
+                                         ("cold, triton's setup at the first compile", True, False),
+                                         ("cold, the GEMM's 8 candidates of before", False, True)):
+        if what.startswith("cold") and out:
+            env = fresh()
+        code = COLD_MLP.format(root=root, late_setup=late_setup, full_table=full_table)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         line = [l for l in r.stdout.splitlines() if l.startswith("SECONDS")]
         print(f"MLP block, {what}:", line[0] if line else r.stdout + r.stderr[-2000:], flush=True)
+        for rec in (l for l in r.stdout.splitlines() if l.startswith("RECORD") and what.startswith("cold")):
+            print("  " + rec, flush=True)
         out.append(float(line[0].split()[1]) if line else float("nan"))
-    return out
+    return out[:2]
+
+
+def small_m_gemm():
+    """Issue 14's check that the small-M candidate list (template_tuning._small_m) keeps the
+    fastest block shape: the MLP block's GEMM (8 x 1024 x 1024 bf16) under every configuration of
+    the template's table clamped to its sizes (the 8 it compiled before, the 2 the cap cut, the 4
+    of the small-M list, whose first, the default, now runs unmeasured), each timed on the GPU
+    alone (a CUDA graph of 50 launches, so the host's launch time hides nothing) and as Alg. 9.1
+    times it (cuda.median_ms: launch-bound at this size). `python bench/gpu.py smallm`."""
+    from stax import template_tuning as tt, triton_heuristics as th
+    a = stax.randn(8, 1024, device="cuda").to(stax.bfloat16)
+    b = stax.randn(1024, 1024, device="cuda").to(stax.bfloat16)
+    out = stax.empty(8, 1024, device="cuda", dtype=stax.bfloat16)
+    gen = stax.generate(lambda a, b: a @ b, a, b, device="cuda")
+    (name,) = [n for n in gen.kernels if n.startswith("triton_tem")]
+    k = th.kernel_from_source(name, gen.kernels[name])
+    numels = {"bnumel": 1, "mnumel": 8, "nnumel": 1024, "knumel": 1024, **k.meta}
+    now = th.candidates("template", numels)
+    small, tt.SMALL_M = tt.SMALL_M, 0
+    try:
+        table = tt.template_configs(numels)
+    finally:
+        tt.SMALL_M = small
+    before = table[:8]
+    args = (a, b, out, 1, 8, 1024, 1024)
+    ptrs = [x if isinstance(x, int) else x.data_ptr() for x in args]
+    rows = []
+    for cfg in table + [c for c in now if c not in table]:
+        launcher, grid = k._launcher(cfg, True, args), k.grid(numels, cfg)
+        g = cuda.CUDAGraph()
+        with g:
+            for _ in range(50):
+                launcher(grid, ptrs)
+        gpu_us = cuda.median_ms(g.replay) / 50 * 1e3
+        rows.append({"config": {x: cfg[x] for x in ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")},
+                     "gpu_us": round(gpu_us, 2), "alg91_us": round(cuda.median_ms(lambda: launcher(grid, ptrs)) * 1e3, 2),
+                     "before": cfg in before, "now": cfg in now, "default_now": cfg == now[0],
+                     "spills": launcher.kernel.local_size_bytes > 0})
+        print(json.dumps(rows[-1]), flush=True)
+    best = {w: min(r["gpu_us"] for r in rows if r[w]) for w in ("before", "now", "default_now")}
+    print(f"best GPU time of the candidates compiled before: {best['before']:.2f} us, now: {best['now']:.2f} us "
+          f"({'kept' if best['now'] <= best['before'] * 1.02 else '**SLOWER**'}); the default, which runs "
+          f"unmeasured now (template_tuning.launch_bound): {best['default_now']:.2f} us")
+    return rows
 
 
 def compile_times():
@@ -1006,16 +1083,17 @@ def _torch_gpt2_step(arrays, block_loss_src):
     return make
 
 
-def training_steps(tiny=False) -> list:
+def training_steps(tiny=False, only_gpt2=False, with_torch=True) -> list:
     """The MLP step (4 x width 1024, batch 64) and a GPT-2-small block step (768 wide, 12 heads,
     vocabulary 50257, sequence 1024, batch 8); `tiny`: small sizes, Stax only (the Triton
     interpreter can run them: TRITON_INTERPRET=1 python bench/gpu.py train --tiny)."""
-    import inspect
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import gpt2_block
     width, batch, (C, heads, vocab, seq, gb) = (32, 4, (32, 2, 97, 16, 2)) if tiny else \
         (1024, 64, (768, 12, 50257, 1024, 8))
     rows = []
+    if only_gpt2:               # `train gpt2 [--no-torch]`: the GPT-2 block's step alone
+        return _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, tiny or not with_torch)
     arrays = _mlp_arrays(width, 4, batch)
     ts = [stax.tensor(a, device="cuda") for a in arrays]
     params = [t.requires_grad_() for t in ts[:-2]]
@@ -1028,15 +1106,19 @@ def training_steps(tiny=False) -> list:
         ps = [t.requires_grad_() for t in ts[:-2]]
         step, _ = _stax_step(_mlp_loss(stax.nn.functional, 4), ps, lambda ps=ps, ts=ts: (*ps, *ts[-2:]), mode)
         rows.append(_step_row(f"train_mlp4 {w}x{b} {mode or 'default'}", step, None, ps))
+    return rows + _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, tiny)
+
+
+def _gpt2_step_row(gpt2_block, C, heads, vocab, seq, gb, no_torch) -> list:
+    import inspect
     gpt2_block.N_EMBD, gpt2_block.N_HEAD, gpt2_block.VOCAB = C, heads, vocab
     garrays = _gpt2_arrays(C, vocab, seq, gb)
     p = {k: stax.tensor(v, device="cuda", requires_grad=True) for k, v in garrays[0].items()}
     x, t, mask = (stax.tensor(a, device="cuda") for a in garrays[1:])
     step, _ = _stax_step(lambda *a: gpt2_block.block_loss(*a)[1], list(p.values()), lambda: (x, t, p, mask))
     src = inspect.getsource(gpt2_block.block_loss).replace("N_EMBD", str(C)).replace("N_HEAD", str(heads))
-    rows.append(_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
-                          None if tiny else _torch_gpt2_step(garrays, src), list(p.values())))
-    return rows
+    return [_step_row(f"train_gpt2_block C={C} T={seq} B={gb}", step,
+                      None if no_torch else _torch_gpt2_step(garrays, src), list(p.values()))]
 
 
 def selected(argv) -> list:
@@ -1095,6 +1177,78 @@ def dynamic_vs_static(names, json_path=None):
             json.dump({"dynamic_rows": rows, "host_us": host}, fh, indent=1)
 
 
+SPLIT_FORMS = {"one": "1", "two": "0", "all": "all"}    # STAX_SPLIT_ONE_KERNEL's values (stax/triton_outer.py)
+
+
+def _compiled_with_split_form(fn, args, value: str):
+    """fn compiled (and autotuned, at its first call) with STAX_SPLIT_ONE_KERNEL=value, which the
+    first call reads when it generates the code."""
+    saved = os.environ.get("STAX_SPLIT_ONE_KERNEL")
+    os.environ["STAX_SPLIT_ONE_KERNEL"] = value
+    try:
+        f = stax.compile(fn)
+        out = f(*args)
+        cuda.synchronize()
+    finally:
+        if saved is None:
+            os.environ.pop("STAX_SPLIT_ONE_KERNEL")
+        else:
+            os.environ["STAX_SPLIT_ONE_KERNEL"] = saved
+    return f, out
+
+
+def _host_arrays(out) -> list:
+    return [np.asarray(o.cpu().float().numpy(), np.float64) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def onekernel_compare(names, json_path=None):
+    """§6.5 (issue 12): each reduction workload with Alg. 6.1's splits in the three forms of
+    STAX_SPLIT_ONE_KERNEL: OUTER splits in one kernel (the default, "one"), every split as two
+    kernels ("two", as before) and row splits in one kernel too ("all"), timed in alternating
+    rounds in one run; each checked against "two", and each called 50 times on one input, every
+    result bitwise equal (the counters reset, the combine's order fixed)."""
+    bw = copy_bandwidth()
+    props = cuda.get_device_properties()
+    print(f"device: {props.name}, {props.sm_count} SMs; copy bandwidth {bw / GB:.0f} GB/s")
+    rows = []
+    for name in names:
+        fn, shapes = WORKLOADS[name]
+        args = [make_input(s) for s in shapes]
+        compiled = {form: _compiled_with_split_form(fn, args, value) for form, value in SPLIT_FORMS.items()}
+        ref = _host_arrays(compiled["two"][1])
+        row = {"workload": name}
+        for form, (f, out) in compiled.items():
+            got = _host_arrays(out)
+            row[f"agree_{form}"] = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
+            row[f"stable_{form}"] = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(f(*args)), got))
+                                        for _ in range(50))
+            row[f"kernels_{form}"] = list(f.last_generated.kernels)
+        times = {form: [] for form in compiled}
+        for _ in range(3):
+            for form, (f, _) in compiled.items():
+                times[form].append(time_calls(f, args))
+        out = compiled["one"][1]
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
+        row["floor_ms"] = nbytes / bw * 1e3
+        for form in compiled:
+            row[f"{form}_ms"] = min(times[form])
+            row[f"frac_{form}"] = row["floor_ms"] / row[f"{form}_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del args, compiled, out, outs
+    print("\n| workload | one (default) ms | two ms | all ms | floor ms | frac one / two / all | agree | stable | kernels (one / two / all) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        ok = lambda key: all(r[f"{key}_{f}"] for f in SPLIT_FORMS)      # noqa: E731
+        print(f"| {r['workload']} | {r['one_ms']:.4f} | {r['two_ms']:.4f} | {r['all_ms']:.4f} | {r['floor_ms']:.4f} | "
+              f"{r['frac_one']:.2f} / {r['frac_two']:.2f} / {r['frac_all']:.2f} | {ok('agree')} | {ok('stable')} | "
+              f"{' / '.join(', '.join(r['kernels_' + f]) for f in SPLIT_FORMS)} |")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"onekernel_compare": rows}, fh, indent=1)
+
+
 def main(argv):
     json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
     conv_names = [a for a in argv if a in CONVS] or (list(CONVS) if "conv" in argv else [])
@@ -1111,6 +1265,12 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"mlp_cold_s": cold, "mlp_warm_s": warm}, fh, indent=1)
         return
+    if "smallm" in argv:                # issue 14: the small-M GEMM's candidates, each timed
+        rows = small_m_gemm()
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump({"small_m": rows}, fh, indent=1)
+        return
     if "adamw" in argv:                 # issue 16's optimizer step only
         row = adamw_step()
         print(json.dumps(row))
@@ -1119,7 +1279,7 @@ def main(argv):
                 json.dump({"adamw": row}, fh, indent=1)
         return
     if "train" in argv:                 # §5 (issue 16): training steps only
-        rows = training_steps(tiny="--tiny" in argv)
+        rows = training_steps(tiny="--tiny" in argv, only_gpt2="gpt2" in argv, with_torch="--no-torch" not in argv)
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump({"train": rows}, fh, indent=1)
@@ -1142,6 +1302,8 @@ def main(argv):
             with open(json_path, "w") as fh:
                 json.dump({"attention": rows}, fh, indent=1)
         return
+    if "--onekernel-compare" in argv:   # §6.5 (issue 12): the OUTER split as one kernel and as two
+        return onekernel_compare(selected(argv) or GROUPS["reductions"], json_path)
     if "--dynamic" in argv:             # §10.4: each workload dynamic beside static (issue 10)
         return dynamic_vs_static(selected(argv) or list(WORKLOADS), json_path)
     idx_names = [a for a in argv if a in INDEXING] or (list(INDEXING) if "indexing" in argv else [])

@@ -344,6 +344,9 @@ def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Ge
             _log("wrapper", name, module.wrapper)
             note = "(from the artifact cache: lowering and scheduling were skipped)"
             return Generated(dict(module.kernels), module.wrapper, graph, note, note, module)
+    if cuda and use_cache:           # kernels will compile: triton's setup overlaps the lowering
+        from .cuda_triton import warm_compiler
+        warm_compiler()
     from . import ir, lower, schedule
     if cuda:
         from . import codegen_triton as backend
@@ -378,6 +381,9 @@ def _target(device: str) -> str:
         from .cublas import available
         debug = ",debug_index" if debug_index_checks() else ""    # kernels with device asserts
         debug += ",cublaslt" if available() else ""               # §9.8: the extern candidate printed
+        from .triton_outer import one_kernel_mode
+        split = one_kernel_mode()                                 # §6.5 STAX_SPLIT_ONE_KERNEL
+        debug += "" if split == "outer" else f",one_kernel_split={split}"
         if cuda.is_available():
             p = cuda.get_device_properties()
             return f"sm={p.sm_count},cc={p.cc},mm={_tuning._precision[0]}{debug}"

@@ -24,15 +24,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from .attention_kernels import (PTR_TYPES, TL_DTYPES, AttentionSpec, ModBody, Operand, _expand_heads,
-                                _extern_operand, _next_pow2, apply_mask, kernel_source,
+                                _extern_operand, _next_pow2, apply_mask, ieee_table, kernel_source,
                                 attention_scores, make_spec)
 
 
-# float32 dots in IEEE precision. (A try at "tf32x3" with a backward table of smaller blocks,
-# which builds for sm_90 without spills, crashed with an illegal address on the H200 in its
-# autotuning of dK/dV (score_mod + block mask, N=33, d=64): not used until it is run there.
+# float32 dots as set_float32_matmul_precision says (the forward spec's `precision`: "ieee" by
+# default, "tf32" under "high"/"medium"). (A try at "tf32x3" with a backward table of smaller
+# blocks, which builds for sm_90 without spills, crashed with an illegal address on the H200 in its
+# autotuning of dK/dV (score_mod + block mask, N=33, d=64): not offered.
 # Known gap: at head dim 16 in float32 every dK/dV configuration spills, and autotuning raises.)
-BWD_PRECISION = ', input_precision="ieee"'
+
+
+def _precision(s: AttentionSpec) -> str:
+    return f', input_precision="{s.precision}"' if s.dtype == "float32" else ""
 
 
 # ---- §9.10 The float64 reference (the eager op) ----
@@ -138,7 +142,7 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     dK += dS^T q (delta = rowsum(dO * o), recomputed per block)."""
     s = bs.fwd
     b, h, hk, m, n, d = s.dims
-    prec = BWD_PRECISION if s.dtype == "float32" else ""
+    prec = _precision(s)
     dt = TL_DTYPES[s.dtype]
     lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
@@ -180,7 +184,7 @@ def _dq_body(bs: BackwardSpec) -> list:
     """One program per BLOCK_M queries: dQ = Σ_blocks dS K, dS = P (dP - delta), P recomputed."""
     s = bs.fwd
     b, h, hk, m, n, d = s.dims
-    prec = BWD_PRECISION if s.dtype == "float32" else ""
+    prec = _precision(s)
     dt = TL_DTYPES[s.dtype]
     hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
@@ -226,7 +230,8 @@ def backward_templates(bs: BackwardSpec, index: int | None = None) -> list:
         sig = ins | {f"out_ptr{i}": ptr for i in range(outs)} | {
             k: "i32" for k in ("bnumel", "mnumel", "nnumel", "dnumel", "sqnumel", "skvnumel")}
         src = kernel_source(name, "the attention backward (§9.10), P = exp(S - LSE) recomputed per block",
-                            "attention", numels, sig, ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], body, d)
+                            "attention", numels, sig, ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], body, d,
+                            ieee_table(s, backward=True))
         out.append((name, src, numels))
     return out
 

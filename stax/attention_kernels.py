@@ -1,6 +1,7 @@
 """§9.10 Attention, the kernel side: the online triple, its eager form, and the flash templates.
 
-Layer: back end (GPU) and bottom at once: it imports nothing of stax, so that op_table.py (the
+Layer: back end (GPU) and bottom at once: it imports nothing of stax (but template_tuning's
+float32 precision setting, which imports nothing above it), so that op_table.py (the
 eager `sdpa` op), the launcher (triton_heuristics.py: configurations and grid of the kind
 "attention") and the generator (codegen_triton.py) can all read it. The user's API (sdpa,
 omni_attention, block masks, the backward) sits at the top, in attention.py.
@@ -188,6 +189,9 @@ class AttentionSpec:
     mask_mod: ModBody | None = None
     sparse: tuple | None = None      # (SPARSE_Q, SPARSE_KV, num-blocks layout, indices layout)
     origins: list = field(default_factory=list)
+    # tl.dot's input_precision for float32 operands: set_float32_matmul_precision's when the spec
+    # was made ("highest", the default: "ieee"; "high"/"medium": "tf32"); unused for half types
+    precision: str = "ieee"
 
     @property
     def dims(self) -> tuple:
@@ -212,7 +216,7 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
 
     `partial` says whether this block needs masking beyond the sequence end: the causal mask, the
     attention mask and mask_mod (Figure 9.3: only partial blocks evaluate mask_mod)."""
-    prec = ', input_precision="ieee"' if spec.dtype == "float32" else ""
+    prec = f', input_precision="{spec.precision}"' if spec.dtype == "float32" else ""
     lines = ["rn = start_n + tl.arange(0, BLOCK_N)",
              f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), "
              "mask=(rn[None, :] < N) & (rd[:, None] < D), other=0.0)",
@@ -336,14 +340,23 @@ def launch_numels(spec: AttentionSpec) -> list:
     return [b * h, m, n, d, sq, skv]
 
 
+def ieee_table(spec: AttentionSpec, backward: bool = False) -> dict:
+    """The decorator's meta of a kernel whose float32 dots are IEEE: which small-tile table of
+    `attention_configs` it takes (IEEE dots run on the FMA units, their tiles held in registers)."""
+    if spec.dtype != "float32" or spec.precision != "ieee":
+        return {}
+    return {"ieee": IEEE_BACKWARD if backward else IEEE_FORWARD}
+
+
 def kernel_source(name: str, comment: str, decorator: str, numels: list, sig: dict, consts: list,
-                  body: list, d: int) -> str:
+                  body: list, d: int, meta: dict | None = None) -> str:
     """One attention kernel's text: its comment line, the `triton_heuristics` decorator with the
     size hints of its numel arguments (B·H, M, N, D, the block mask's blocks), the signature and
-    constexprs, the body with the head dim padded (`_full_head_dim`)."""
+    constexprs (and `meta`: `ieee_table`'s), the body with the head dim padded (`_full_head_dim`)."""
     hints = dict(zip(("b", "m", "n", "d", "sq", "skv"), (_next_pow2(x) if x else 0 for x in numels)))
+    extra = f", meta={meta!r}" if meta else ""
     return (f"# {name}: {comment}\n"
-            f"@triton_heuristics.{decorator}(size_hints={hints!r}, signature={sig!r})\n"
+            f"@triton_heuristics.{decorator}(size_hints={hints!r}, signature={sig!r}{extra})\n"
             f"@triton.jit\n"
             f"def {name}({', '.join(list(sig) + consts)}):\n"
             + "\n".join("    " + line for line in _full_head_dim(body, d)) + "\n")
@@ -356,7 +369,8 @@ def attention_template(index: int, spec: AttentionSpec) -> tuple:
     what = ", ".join(dict.fromkeys(spec.origins)) or "attention"
     return name, kernel_source(name, f"computes {what} (flash attention, §9.10)", "attention",
                                launch_numels(spec), _signature(spec),
-                               ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], _body(spec), spec.dims[5])
+                               ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr"], _body(spec), spec.dims[5],
+                               ieee_table(spec))
 
 
 # ---- §9.10 The template from a graph's `sdpa` node (codegen_triton.py) ----
@@ -401,8 +415,9 @@ def make_spec(q, k, v, out, dtype, scale=None, is_causal=False, mask=None, mask_
     if mask is not None and any(s not in (1, full) for s, full in zip(mask.shape, (b, h, m, n))):
         return None
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    from .template_tuning import input_precision      # (the §9.8 setting: float32 dots follow it)
     return AttentionSpec(q, k, v, out, dtype, scale, bool(is_causal), mask, mask_dtype,
-                         origins=list(origins))
+                         origins=list(origins), precision=input_precision())
 
 
 def _block_operand(shape, stride, offset) -> Operand | None:
@@ -748,6 +763,18 @@ def decode_configs() -> list:
             for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (32, 4, 3))]
 
 
+# Float32 dots in IEEE precision (set_float32_matmul_precision("highest"), the default) run on the
+# FMA units with their operand tiles in registers: at head dim 64 every configuration of the
+# half-precision tables (attention_configs) spills on sm_90 (bench/attention_sm90.py: stack frames
+# of 1.9-31 KB). These smaller tiles, built for sm_90 at head dim 64, have no stack: the forward's
+# all five; dK/dV's 32 x 32 (8 warps), 64 x 16 (8 warps), 32 x 16, 16 x 32 (4 warps); dQ's 32 x 32,
+# 64 x 16, 32 x 64, 16 x 32 (4 warps). The autotuner never picks a candidate that spills.
+IEEE_FORWARD, IEEE_BACKWARD = 1, 2
+IEEE_TABLES = {IEEE_FORWARD: ((64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2)),
+               IEEE_BACKWARD: ((32, 32, 8, 2), (64, 16, 8, 2), (32, 16, 4, 2), (16, 32, 4, 2), (32, 32, 4, 2),
+                               (64, 16, 4, 2), (32, 64, 4, 2))}
+
+
 def attention_configs(numels: dict, kind: str = "attention") -> list:
     """Candidates (BLOCK_M, BLOCK_N, warps, stages), clamped to the sizes, BLOCK_M/BLOCK_N at most
     the block mask's blocks; the first is the default. Head dim 128 keeps BLOCK_N at 64 or less
@@ -760,10 +787,13 @@ def attention_configs(numels: dict, kind: str = "attention") -> list:
     if sq:
         cap_m, cap_n = min(cap_m, sq), min(cap_n, skv)
     wide = d > 64
-    table = (((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3))
-             if wide else
-             ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
-              (128, 64, 8, 4)))
+    if numels.get("ieee"):                   # float32 IEEE dots: small tiles (see IEEE_TABLES)
+        table = IEEE_TABLES[numels["ieee"]]
+    elif wide:
+        table = ((128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3))
+    else:
+        table = ((128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 4, 3),
+                 (128, 64, 8, 4))
     out = []
     for bm, bn, warps, stages in table:
         cfg = {"BLOCK_M": min(bm, cap_m), "BLOCK_N": min(bn, cap_n), "num_warps": warps,

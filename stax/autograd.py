@@ -33,7 +33,7 @@ from .op_table import DERIVATIVES
 from .indexing import _result_shape
 from .shape_ops import flip as _flip
 from .math_ops import ones_like, zeros_like     # (they keep the device: a CUDA backward stays on it)
-from .tensor import Tensor, _meta, _op
+from .tensor import Tensor, _meta, _op, arange
 
 __all__ = ["backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "inference_mode",
            "GradNode"]
@@ -472,13 +472,24 @@ def _index(g, indices, p):
                _meta(shape, g.dtype, g.device))
 
 
+def _pick_grad(g, x, index, dim=1):
+    """The gradient of nll_loss's pick x[..., t, ...] (nn.functional._pick: one element of each
+    row along the class dim): g where the class is the target, else 0. A pointwise value, so it
+    fuses with the softmax's gradient into one pass over the logits; the general gather gradient
+    (an index_put into a zeros tensor) would write and re-read an (N, C) buffer."""
+    shape = [1] * x.ndim
+    shape[dim] = x.shape[dim]
+    classes = T.reshape(arange(x.shape[dim], device=index.device), shape)
+    return T.where(T.eq(classes, index), g, 0.0)
+
+
 F = SimpleNamespace(
     where=T.where, exp=T.exp, erf=T.erf, mul=T.mul, add=T.add, sin=T.sin, cos=T.cos, log=T.log, sign=T.sign, floor=T.floor, pow=T.pow,
     trunc=T.trunc, flip=lambda g, dims: _flip(g, *dims),
     sum=T.sum, prod=T.prod, cumsum=T.cumsum, permute=T.permute, reshape=T.reshape, to_dtype=T.to_dtype,
     sum_to=_sum_to, unreduce=_unreduce, slice_grad=_slice_grad, select_grad=_select_grad,
     matmul_grads=_matmul_grads, cat_grads=_cat_grads, is_tensor=lambda x: isinstance(x, Tensor),
-    index=_index, index_put=_index_put, zeros_like=lambda x, dt: zeros_like(x, dtype=dt),
+    index=_index, index_put=_index_put, pick_grad=_pick_grad, zeros_like=lambda x, dt: zeros_like(x, dtype=dt),
     attention_grads=None)       # attention.py (above this module) plugs in sdpa's and omni_attn's
 
 

@@ -302,7 +302,8 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
         return {"XBLOCK": xblock, "num_warps": warps, "num_stages": 1}
     r = int(numels.get("r0_numel", 1))
     if reduction_hint == ReductionHint.OUTER:
-        if -(-x // OUTER_LOOPED[0]["XBLOCK"]) < TARGET_PROGRAMS:
+        # (a one-kernel split runs `splits` programs per column block)
+        if -(-x // OUTER_LOOPED[0]["XBLOCK"]) * int(numels.get("splits", 1)) < TARGET_PROGRAMS:
             # few outputs (the combine of var's pieces: 4096 columns): narrower programs, more of
             # them, and a pipelined loop (H200: 14.7 -> 6.4 us for that kernel)
             return {"XBLOCK": 32, "R0_BLOCK": 64, "num_warps": 8, "num_stages": 2}
@@ -329,8 +330,10 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
     """Definition 9.1: ⌈numel / BLOCK⌉ programs along each axis (x on program_id(0))."""
     def cdiv(a, b):
         return -(-int(a) // b)
-    return tuple(cdiv(numels[f"{p}numel"], cfg[f"{p.upper()}BLOCK"]) if f"{p}numel" in numels else 1
+    grid = tuple(cdiv(numels[f"{p}numel"], cfg[f"{p.upper()}BLOCK"]) if f"{p}numel" in numels else 1
                  for p in "xyz")
+    # §6.5 a one-kernel split (triton_outer.one_kernel_split): its pieces of the rows along y
+    return (grid[0], int(numels["splits"]), grid[2]) if "splits" in numels else grid
 
 
 def fits_grid(grid: tuple) -> bool:

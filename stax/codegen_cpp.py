@@ -35,10 +35,11 @@ import sympy
 from . import cache
 from .dtypes import bfloat16, float16, int64
 from .ir import Reduction, Scan, Scatter, reduction_identity, scan_identity, set_handler
-from .schedule import all_indices, cross_orientation, node_index, phases, store_index
+from .schedule import all_accesses, all_indices, cross_orientation, node_index, phases, store_index
 from .tensor import get_num_threads
 from .printer import Var
-from .cpp_kernel import CppKernel, cexpr, cliteral, ctype, for_line, loop_nest, numel_of
+from .cpp_kernel import (CppKernel, cexpr, cliteral, ctype, drop_unread_checks, for_line, loop_nest, numel_of,
+                         uniform_bound_checks)
 from .wrapper import (extern_call, pydtype, pylit, pyname, pyoutputs, pyshape, wrapper_launches,
                       wrapper_prologue)
 
@@ -252,6 +253,20 @@ _COMBINE = {
 }
 
 
+def _either(test: str, fast: list, slow: list) -> list:
+    return [f"if ({test}) {{"] + ["    " + x for x in fast] + ["} else {"] + ["    " + x for x in slow] + ["}"]
+
+
+def _unmasked(k: CppKernel, checks, make) -> list:
+    """`make()`'s lines for a block that has tested its bound checks `checks` (a ragged piece's,
+    `uniform_bound_checks`): their masks leave the SIMD loop, which then runs as the static one."""
+    k.assume = set(checks)
+    try:
+        return drop_unread_checks(k, make())
+    finally:
+        k.assume = set()
+
+
 def _reduction_kernel(k: CppKernel) -> list:
     g = k.group
     xvars, rvars, (xnames, xsizes), (rnames, rsizes) = loop_nest(k, g.ranges, g.reduction_ranges)
@@ -259,17 +274,22 @@ def _reduction_kernel(k: CppKernel) -> list:
         return _cross_kernel(k, xvars, rvars)
     if _is_column_reduction(k, xvars, rvars, xnames, rnames):
         return _column_kernel(k, xvars, rvars, (xnames, xsizes), (rnames, rsizes))
-    row = []
-    for phase, nodes in phases(k.group):
-        if phase == "row":
-            for node in nodes:
-                p, value = k.body(node, xvars, rvars)
-                row += p.lines
-                k.locals[node.name] = value
-                if node.name not in k.sched.kernel_local:
-                    row.append(k.store(node, value, xvars, rvars))
-        else:
-            row += _reduction_loop(k, nodes, xvars, rvars, rnames, rsizes)
+
+    def rows():
+        row = []
+        for phase, nodes in phases(k.group):
+            if phase == "row":
+                for node in nodes:
+                    p, value = k.body(node, xvars, rvars)
+                    row += p.lines
+                    k.locals[node.name] = value
+                    if node.name not in k.sched.kernel_local:
+                        row.append(k.store(node, value, xvars, rvars))
+            else:
+                row += _reduction_loop(k, nodes, xvars, rvars, rnames, rsizes)
+        return row
+    checks, hold = uniform_bound_checks(k, xvars, rvars, None, (rnames, rsizes)) if rnames else ((), None)
+    row = _either(hold, _unmasked(k, checks, rows), rows()) if hold else rows()
     if not xnames:
         return row
     total = numel_of(xsizes) * numel_of(rsizes)
@@ -420,14 +440,21 @@ COLUMN_BLOCK = 1024
 
 
 def _is_column_reduction(k, xvars, rvars, xnames, rnames) -> bool:
-    """True when the group's loads run contiguously along the innermost kept dim and no access is
-    contiguous along the innermost reduced dim (sum(0), mean over outer dims, amax over a middle dim):
-    then each SIMD lane owns an output column and the reduction loops go outside."""
+    """True when the group's accesses run contiguously along the innermost kept dim and none is
+    contiguous along the innermost reduced dim (sum(0), mean over outer dims, amax over a middle
+    dim): then each SIMD lane owns an output column and the reduction loops go outside. An
+    index_expr along the reduced dim (a piece's bound check `r0 + 128*x0 < s0`) touches no memory:
+    it keeps the row form only when no load runs along the columns."""
     if not xnames or not rnames:
         return False
     xi, ri = xnames[-1], rnames[-1]
-    exprs = [k.final(e) for e in all_indices(k.group.nodes, xvars, rvars)]
-    return any(e.coeff(xi) == 1 for e in exprs) and not any(e.coeff(ri) == 1 for e in exprs)
+    stored = {n.name for n in k.group.nodes}
+    accesses = [(k.final(e), name) for e, name in all_accesses(k.group.nodes, xvars, rvars)]
+    memory = [e for e, name in accesses if name is not None]
+    along_r = any(e.coeff(ri) == 1 for e, name in accesses if name is None)
+    if along_r and not any(e.coeff(xi) == 1 for e, name in accesses if name is not None and name not in stored):
+        return False
+    return any(e.coeff(xi) == 1 for e in memory) and not any(e.coeff(ri) == 1 for e in memory)
 
 
 def _column_block(xsizes, parallel: bool, hints=None) -> int:
@@ -465,12 +492,13 @@ def _column_kernel(k, xvars, rvars, xnest, rnest) -> list:
             else:
                 out += _column_pass(k, nodes, xvars, rvars, (xi, n, xb), rnames, rsizes)
         return out
+    checks, hold = uniform_bound_checks(k, xvars, rvars, xi, (rnames, rsizes))
     block = [] if static else [f"const int64_t {n} = stax_min<int64_t>({xb}, {cexpr(inner)} - {xi}_block);"]
     if inner.is_Integer:
-        block += phases_of(n)
-    else:       # §10.3: full blocks run constant trip counts; the last one the remainder
-        block += ([f"if ({n} == {xb}) {{"] + ["    " + x for x in phases_of(str(xb))] + ["} else {"]
-                  + ["    " + x for x in phases_of(n)] + ["}"])
+        block += _either(hold, _unmasked(k, checks, lambda: phases_of(n)), phases_of(n)) if hold else phases_of(n)
+    else:       # §10.3: full blocks run constant trip counts (unmasked pieces); the last one the remainder
+        full = f"{n} == {xb}" + (f" && {hold}" if hold else "")
+        block += _either(full, _unmasked(k, checks, lambda: phases_of(str(xb))), phases_of(n))
     lines = []
     if parallel:
         lines.append(f"#pragma omp parallel for{' collapse(%d)' % len(xnames) if len(xnames) > 1 else ''}"

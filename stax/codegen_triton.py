@@ -35,7 +35,7 @@ from .attention_kernels import _extern_operand, attention_template, extern_spec,
 from .conv_template import conv_applies, conv_template
 from .templates import mm_extern, mm_template, template_applies, tf32_operand_strides
 from .triton_kernel import Target, TritonKernel, current_target, finish, pointwise_kernel
-from .triton_outer import OUTER_PERSISTENT_LIMIT, outer_applies, outer_reduction_kernel
+from .triton_outer import OUTER_PERSISTENT_LIMIT, one_kernel_split, outer_applies, outer_reduction_kernel
 from .triton_reduction import MULTI_PASS_PERSISTENT_LIMIT, reduction_kernel
 from .triton_scan import scan_kernel
 from .wrapper import (extern_call, pyarg, pydtype, pyint, pylit, pyname, pyoutputs, pyshape, pysize,
@@ -299,6 +299,35 @@ def _extern_group(index: int, e, low, call: list, new: set, launch) -> int:
     return index
 
 
+def _one_kernel_calls(index: int, ga, gb, sched, allocated: set, launch, multi: dict):
+    """§6.5: Alg. 6.1's split (groups ga, gb) as one kernel (triton_outer.one_kernel_split): its
+    buffers, its blocks' counters (int32, zeroed once, kept per artifact: the kernel sets each
+    back to 0) and its launch (a multi_kernel of both forms when the pieces' kernel has two);
+    (lines, the buffers they define), or None."""
+    fused = one_kernel_split(index, ga, gb, sched)
+    if fused is None:
+        return None
+    name, src, params, numels, (counter, count), other = fused
+    sources, runner = {name: src}, name
+    if other is not None:            # both forms of a multi-pass row's pieces; the first launch measures
+        name2, src2, params2 = one_kernel_split(index, ga, gb, sched, force_form=other)[:3]
+        assert params2 == params, (params, params2)
+        sources[name2] = src2
+        runner = f"multi_kernel_{index}"
+        multi[runner] = [name, name2]
+    call, new, low = [], set(), sched.lowered
+    for p in params:
+        if p == counter:
+            call.append(f"{pyname(p)} = zeroed_workspace_cuda({pylit(p)}, {_numel_text(count)})")
+        elif p not in allocated:
+            b = low.buffer(p)
+            call.append(_alloc(p, b.layout, b.dtype))
+            new.add(p)
+    launch(call, sources, runner, [pyname(p) for p in params] + [_numel_text(n) for n in numels])
+    call.append(f"del {pyname(counter)}")
+    return call, new
+
+
 def generate(sched) -> TritonModule:
     """Print every fusion group as a Triton kernel (or a template, or a fallback call) + `call`."""
     low = sched.lowered
@@ -313,9 +342,20 @@ def generate(sched) -> TritonModule:
         kernels.update(sources)
         call.append(f"{pyname(runner)}.run({', '.join(args)}, stream=raw_stream0)")
 
-    for g in sched.groups:
+    groups, combined = sched.groups, set()     # combined: groups a one-kernel split launched
+    for pos, g in enumerate(groups):
         call, new = [], set()
-        if g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
+        fused = None
+        if g.kind == "reduction" and g.index not in combined:
+            fused = _one_kernel_calls(index, g, groups[pos + 1] if pos + 1 < len(groups) else None,
+                                      sched, allocated, launch, multi)
+        if g.index in combined:
+            pass                     # (its lines ran in the one kernel before it)
+        elif fused is not None:
+            call, new = fused
+            combined.add(groups[pos + 1].index)
+            index += 1
+        elif g.kind == "template":     # §9.8: a matmul template and the epilogue fused into it
             index = _template_calls(index, g, sched, call, new, allocated, multi, choices, launch)
         elif g.kind == "extern":
             index = _extern_group(index, g.nodes[0], low, call, new, launch)

@@ -148,7 +148,16 @@ class CppPrinter(Printer):
         return Var(cliteral(value, dtype), dtype)
 
     def index_expr(self, expr, dtype):
-        return self.emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
+        var = self.emit(f"static_cast<{ctype(dtype)}>({self.kernel.index(expr)})", dtype)
+        self.kernel.index_of[var.name] = self.kernel.final(expr)
+        return var
+
+    def lt(self, a, b):
+        var = self.emit(f"({a} < {b})", bool_)
+        known = self.kernel.index_of
+        if a.name in known and b.name in known:     # a bound check: `masked` may know it holds
+            self.kernel.compares[var.name] = (known[a.name], known[b.name])
+        return var
 
     def to_dtype(self, x, dtype):
         if x.dtype == dtype:
@@ -178,7 +187,10 @@ class CppPrinter(Printer):
         return indirect_symbol(v.name)
 
     def masked(self, mask, body, other):
-        """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere)."""
+        """Run `body` only where `mask` holds (its loads may be out of bounds elsewhere). A bound
+        check the kernel has tested for its whole block (`CppKernel.assume`) is not tested again."""
+        if self.kernel.compares.get(getattr(mask, "name", None)) in self.kernel.assume:
+            return body()
         inner = CppPrinter(self.kernel, self.counter)
         with set_handler(inner):
             result = body()
@@ -272,6 +284,9 @@ class CppKernel:
         self.errors: set = set()       # KERNEL_ERRORS entries this kernel may raise at run time
         self.index_sites: list = []    # messages of its checked indirect indices (site = position)
         self.scatter_index: dict = {}  # ir.Scatter name -> the index it stores at (printed loads)
+        self.index_of: dict = {}       # tmp name -> the index expression an index_expr printed
+        self.compares: dict = {}       # tmp name -> (a, b) of a printed bound check `a < b`
+        self.assume: set = set()       # bound checks (a, b) the code around the body has tested
 
     def index_site(self, where) -> int:
         """Register an indirect index's error message; the wrapper raises IndexError with it."""
@@ -386,6 +401,72 @@ def numel_of(sizes):
 def for_line(var, size, start=0, step=None):
     inc = f"{var}++" if step is None else f"{var} += {step}"
     return f"for (int64_t {var} = {start}; {var} < {cexpr(size)}; {inc})"
+
+
+class _BoundChecks:
+    """ops handler collecting the bound checks `index_expr(a) < index_expr(b)` of masked bodies
+    (a ragged piece's `r0 + 128*x0 < s0`, lower._piece_fn); every other op is ignored."""
+
+    def __init__(self):
+        self.found = []
+
+    def index_expr(self, expr, dtype):
+        return ("index", sympy.sympify(expr))
+
+    def lt(self, a, b):
+        return ("lt", a[1], b[1]) if all(isinstance(x, tuple) and x[0] == "index" for x in (a, b)) else None
+
+    def masked(self, mask, body, other):
+        if isinstance(mask, tuple) and mask[0] == "lt":
+            self.found.append(mask[1:])
+        return body()
+
+    def __getattr__(self, op):
+        return lambda *args, **kw: None
+
+
+def uniform_bound_checks(k: CppKernel, xvars, rvars, lane, rnest) -> tuple:
+    """(checks, condition): the bound checks `a < b` of the group's masked bodies that no lane of
+    the SIMD loop over `lane` changes, and the C++ condition under which each holds on every
+    iteration of the reduction loops `rnest` (a's largest value there, a affine in them, is below
+    b), or ((), None). A block meeting it runs its bodies unmasked: the mask leaves the lane loop."""
+    rnames, rsizes = rnest
+    found = []
+    for node in k.group.nodes:
+        c = _BoundChecks()
+        idx, ridx = node_index(node, xvars, rvars)
+        try:
+            with set_handler(c):
+                node.inner_fn(idx, ridx) if isinstance(node, Reduction) else node.inner_fn(idx)
+        except Exception:            # a body the collector cannot follow: keep every mask
+            return (), None
+        found += [(k.final(a), k.final(b)) for a, b in c.found]
+    checks, conds = [], []
+    for a, b in dict.fromkeys(found):
+        if lane in a.free_symbols | b.free_symbols or set(rnames) & b.free_symbols:
+            continue
+        top = a
+        for v, size in zip(rnames, rsizes):
+            slope = sympy.diff(a, v)
+            if slope.free_symbols or not slope.is_number:
+                break                # not affine in the loop: its largest value is unknown here
+            top = top.subs(v, size - 1 if slope > 0 else 0)
+        else:
+            checks.append((a, b))
+            conds.append(f"{cexpr(sympy.expand(top))} < {cexpr(b)}")
+    return tuple(checks), (" && ".join(f"({c})" for c in conds) if conds else None)
+
+
+def drop_unread_checks(k: CppKernel, lines: list) -> list:
+    """`lines` without the bound checks (and their index_expr operands) nothing reads any more:
+    those `uniform_bound_checks` tested for the block before it (each a pure `auto tmpN = ...;`)."""
+    names = [n for n, pair in k.compares.items() if pair in k.assume] + list(k.index_of)
+    text = "\n".join(lines)
+    for name in names:
+        word = re.compile(rf"\b{name}\b")
+        if len(word.findall(text)) == 1:
+            text = re.sub(rf"(?m)^[ \t]*auto {name} = [^\n]*;\n?", "", text)
+    return text.split("\n")
 
 
 def loop_nest(k: CppKernel, xsizes, rsizes):

@@ -80,6 +80,10 @@ DESC_TRANSA, DESC_TRANSB, DESC_EPILOGUE, DESC_BIAS_POINTER, DESC_BIAS_BATCH_STRI
 LAYOUT_BATCH_COUNT, LAYOUT_BATCH_STRIDE = 5, 6
 PREF_MAX_WORKSPACE, PREF_ALIGN = 1, {"a": 5, "b": 6, "c": 7, "d": 8}
 WORKSPACE_BYTES = 32 << 20                 # what PyTorch gives cuBLASLt on Hopper
+# The heuristic's first algorithm is not always its fastest (a float32 IEEE 50257x768x8192 product
+# ran 64x64 tiles at 14.7 ms where its third proposal, 256x128, takes 12.3): Alg. 9.1 measures
+# this many of its proposals the first time a product is timed, and records the winner.
+ALGO_CANDIDATES = 6
 ENV_VAR = "STAX_CUBLASLT"
 
 
@@ -422,8 +426,9 @@ class LtBinding:
         self._set(self.lib.cublasLtMatrixLayoutSetAttribute, layout, attr, ctype, value,
                   "cublasLtMatrixLayoutSetAttribute")
 
-    def heuristic(self, desc, a, b, d, prefs: dict):
-        """The first algorithm cuBLASLt's heuristic proposes under `prefs` {attribute: uint64}."""
+    def heuristic(self, desc, a, b, d, prefs: dict, requested: int = 1) -> list:
+        """The algorithms cuBLASLt's heuristic proposes under `prefs` {attribute: uint64}, best
+        first (at most `requested`)."""
         p = self.ffi.new("cublasLtMatmulPreference_t *")
         self._check(self.lib.cublasLtMatmulPreferenceCreate(p), "cublasLtMatmulPreferenceCreate")
         self._keep.append(p)
@@ -431,13 +436,15 @@ class LtBinding:
             ctype = "uint64_t" if attr == PREF_MAX_WORKSPACE else "uint32_t"
             self._set(self.lib.cublasLtMatmulPreferenceSetAttribute, p[0], attr, ctype, value,
                       "cublasLtMatmulPreferenceSetAttribute")
-        results, count = self.ffi.new("cublasLtMatmulHeuristicResult_t[1]"), self.ffi.new("int *")
-        self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, d, d, p[0], 1, results, count),
-                    "cublasLtMatmulAlgoGetHeuristic")
-        if count[0] == 0:
+        results = self.ffi.new(f"cublasLtMatmulHeuristicResult_t[{requested}]")
+        count = self.ffi.new("int *")
+        self._check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, d, d, p[0], requested,
+                                                            results, count), "cublasLtMatmulAlgoGetHeuristic")
+        algos = [self.ffi.addressof(results[i], "algo") for i in range(count[0]) if results[i].state == 0]
+        if not algos:
             raise CublasError("cublasLtMatmulAlgoGetHeuristic found no algorithm for this product")
         self._keep.append(results)
-        return self.ffi.addressof(results[0], "algo")
+        return algos
 
     def stream(self) -> int:
         return cuda.current_stream().ptr        # the one stream every Stax kernel runs on
@@ -456,10 +463,11 @@ def _alignment(ptr: int) -> int:
     return 256 if ptr % 256 == 0 else ptr & -ptr
 
 
-def build(lt, plan: MatmulPlan, aligns: tuple, bias_ptr: int = 0) -> tuple:
-    """The descriptors of one plan and the algorithm the heuristic picks for operands aligned to
-    `aligns` (bytes of cuBLAS's A, B, D, bias): (desc, A, B, D layouts, algo). The heuristic reads
-    the bias pointer's alignment from the descriptor, so a bias is set before it is asked."""
+def build(lt, plan: MatmulPlan, aligns: tuple, bias_ptr: int = 0, requested: int = 1) -> tuple:
+    """The descriptors of one plan and the algorithms the heuristic proposes (best first, at most
+    `requested`) for operands aligned to `aligns` (bytes of cuBLAS's A, B, D, bias):
+    (desc, A, B, D layouts, [algo, ...]). The heuristic reads the bias pointer's alignment from the
+    descriptor, so a bias is set before it is asked."""
     desc = lt.matmul_desc(plan.compute, CUDA_TYPES["float32"])
     lt.set_desc(desc, DESC_TRANSA, "int32_t", plan.trans_a)
     lt.set_desc(desc, DESC_TRANSB, "int32_t", plan.trans_b)
@@ -479,13 +487,13 @@ def build(lt, plan: MatmulPlan, aligns: tuple, bias_ptr: int = 0) -> tuple:
             lt.set_layout(layout, LAYOUT_BATCH_STRIDE, "int64_t", stride)
     prefs = {PREF_MAX_WORKSPACE: WORKSPACE_BYTES, PREF_ALIGN["a"]: aligns[0], PREF_ALIGN["b"]: aligns[1],
              PREF_ALIGN["c"]: aligns[2], PREF_ALIGN["d"]: aligns[2]}
-    algo = lt.heuristic(desc, *layouts, prefs)
-    return (desc, *layouts, algo)
+    return (desc, *layouts, lt.heuristic(desc, *layouts, prefs, requested))
 
 
 _LT = [None]            # the process's binding (loaded on the first extern call)
-_BUILT: dict = {}       # (plan, alignments) -> build(...)
+_BUILT: dict = {}       # (plan, alignments) -> [desc, A, B, D layouts, the algorithm run]
 _PLANS: dict = {}       # the layouts of a call -> its plan
+_MEASURING: list = []   # non-empty while MatmulChoice times the extern candidate
 
 
 def load():
@@ -525,12 +533,44 @@ def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> N
     ptrs = (first.data_ptr(), second.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr())
     key = (plan, tuple(_alignment(p) for p in ptrs))
     built = _BUILT.get(key)
+    if bias is not None and built is not None:   # the bias pointer is a descriptor attribute: this call's
+        lt.set_desc(built[0], DESC_BIAS_POINTER, "uint64_t", ptrs[3])
     if built is None:
-        built = _BUILT[key] = build(lt, plan, key[1], ptrs[3])
+        desc, la, lb, ld, algos = build(lt, plan, key[1], ptrs[3], ALGO_CANDIDATES)
+        built = _BUILT[key] = [desc, la, lb, ld, _pick_algorithm(lt, key, desc, (la, lb, ld), algos, ptrs)]
     desc, la, lb, ld, algo = built
-    if bias is not None:       # the bias pointer is a descriptor attribute: this call's
-        lt.set_desc(desc, DESC_BIAS_POINTER, "uint64_t", ptrs[3])
     lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo, lt.stream())
+
+
+def _algo_record_path(lt, key):
+    props = cuda.get_device_properties()
+    return cache.folder("autotune") / (f"cublas_algo_{cache.content_hash(repr(key), props.name, repr(props.cc), str(lt.version), str(ALGO_CANDIDATES), cache.FORMAT)}.json")
+
+
+def _pick_algorithm(lt, key, desc, layouts, algos, ptrs):
+    """Which of the heuristic's proposals runs: the one recorded on disk for this product, else,
+    while Alg. 9.1 is timing the extern candidate (`_MEASURING`), the fastest of them (each timed
+    on the call's own operands; D is overwritten, as the call itself will), recorded; else the
+    heuristic's first."""
+    if len(algos) == 1 or cuda.interpreting():
+        return algos[0]
+    path = _algo_record_path(lt, key)
+    valid = (lambda r: isinstance(r, dict) and isinstance(r.get("index"), int) and 0 <= r["index"] < len(algos))
+    record = cache.read_sealed_json(path, valid, "a cuBLASLt algorithm record") if path.exists() else None
+    if record is None and _MEASURING:
+        la, lb, ld = layouts
+        times = []
+        for algo in algos:
+            try:
+                times.append(cuda.median_ms(lambda: lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo,
+                                                              lt.stream())))
+            except CublasError:
+                times.append(math.inf)      # a proposal this product cannot run after all
+        record = {"index": times.index(min(times)), "ms": times}
+        cache.write_sealed(path, json.dumps(record))
+        _log(f"cuBLASLt proposals for {key[0].m}x{key[0].n}x{key[0].k}: "
+             + ", ".join(f"{t:.4f}" for t in times) + f" ms -> #{record['index']}")
+    return algos[record["index"] if record else 0]
 
 
 # ---- §9.8 Alg. 9.1: the template against cuBLASLt ----
@@ -579,7 +619,11 @@ class MatmulChoice:
             cuda.synchronize()
             t_template = cuda.median_ms(template)
             try:
-                t_extern = cuda.median_ms(extern)
+                _MEASURING.append(self.name)     # mm times the heuristic's proposals first
+                try:
+                    t_extern = cuda.median_ms(extern)
+                finally:
+                    _MEASURING.pop()
             except CublasError as e:
                 _log(f"{self.name}: {e}; the template runs")
                 template()

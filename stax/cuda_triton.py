@@ -21,7 +21,7 @@ Rules kept here
     the first use (and tests stand a fake one in).
 
 Where to look: ``Launcher.launch`` and ``Launcher.launch_ints`` (the hot path),
-``compile_triton`` / ``launcher_for_triton``; tests/test_cuda.py, bench/cuda_runtime_check.py.
+``compile_triton`` / ``launcher_for_triton``, ``warm_compiler`` (triton's setup, started early); tests/test_cuda.py, bench/cuda_runtime_check.py.
 """
 from __future__ import annotations
 
@@ -251,6 +251,30 @@ def _ptx_entry_param_count(ptx: str, name: str) -> int | None:
     return ptx[i:j].count(".param")
 
 
+_warming: list = []      # the thread of `warm_compiler`, while it runs
+
+
+def warm_compiler() -> None:
+    """Start Triton's once-per-process compile setup on a background thread: importing triton and
+    its cache key (`triton_key`, a sha256 of its own files and of the 500 MB libtriton.so: 0.4 s
+    on the H200's host, 0.9 s here, with the GIL released while it hashes), so that it overlaps
+    the lowering and printing of the kernels instead of delaying the first compile (issue 14).
+    Called where a compile is about to come: a CUDA graph missed the artifact cache."""
+    if _warming or cuda.interpreting():
+        return
+    import threading
+
+    def setup():
+        try:
+            from triton.runtime.cache import triton_key
+            triton_key()
+        except Exception:     # (an older triton without it, or none: compile_triton will say)
+            pass
+    thread = threading.Thread(target=setup, name="stax-triton-setup", daemon=True)
+    _warming.append(thread)
+    thread.start()
+
+
 def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warps: int = 4,
                    num_stages: int = 3, cc: int = 90, attrs: dict | None = None):
     """Compile a @triton.jit function for sm_{cc} without a GPU.
@@ -259,6 +283,8 @@ def compile_triton(fn, signature: dict, constexprs: dict | None = None, num_warp
     attrs: {(argument index,): [["tt.divisibility", 16]]} for arguments known to be aligned.
     Returns (cubin bytes, TritonKernelInfo, kernel name).
     """
+    if _warming:
+        _warming[0].join()    # (triton_key's cache is no lock: it would hash a second time)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

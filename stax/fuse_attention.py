@@ -1,10 +1,11 @@
 """§9.10 The attention pattern: hand-written softmax(q kᵀ · s) v becomes one `sdpa` node.
 
 Layer: a graph pass between capture (§3) and lowering (§6): it reads and rewrites a
-`capture.Graph` and imports capture.py and tensor.py (Node, Meta), and attention_kernels.py to ask
-whether the template covers a match. `__init__._compile_graph`
-runs it for the GPU, where an `sdpa` node prints as the flash template (codegen_triton.py) and
-the N × N scores never reach memory (Theorem 9.2).
+`capture.Graph` and imports capture.py and tensor.py (Node, Meta), attention_kernels.py to ask
+whether the template covers a match, and autograd.py (§5: the tape of a training capture).
+`__init__._compile_graph` runs it for the GPU, where an `sdpa` node prints as the flash template
+(codegen_triton.py) and the N × N scores never reach memory (Theorem 9.2); partition.py runs
+`fuse_attention_for_training` on the forward half of a joint graph before its backward is traced.
 
 Consumes a captured Graph; produces the same Graph with each matched pattern's final matmul turned
 into an `sdpa` node and the nodes only the pattern used removed.
@@ -16,24 +17,37 @@ included):
     S' = mul(S', c) | mul(c, S') | div(S', c)            the scale (c a positive constant to pass a mask)
        | add(S', mask) | add(mask, S')                    an additive mask: the last op before softmax
        | where(keep, S', -inf)                            a bool mask (tril/arange comparisons included)
+       | where(drop, -inf, S')                            masked_fill(drop, -inf): keep = not drop
        | matmul(Q, Kᵀ)                                    Kᵀ a permute of K, or any [.., D, N] value
 
-Dropout at inference records nothing, so it needs no case. Anything else (a second mask, a
+Dropout at inference records nothing, so it needs no case; in training it records a random mask
+between P and the matmul, which the pattern does not match. Anything else (a second mask, a
 positional bias added before the scale, an intermediate used outside the pattern, a softmax over
-another dim) is left alone: the ordinary kernels compute it, never a wrong answer.
+another dim, in training a mask that requires grad) is left alone: the ordinary kernels compute it,
+never a wrong answer.
+
+Training (§5): the rewrite happens before the joint graph's backward exists, so that the backward
+is sdpa's derivative (the dK/dV and dQ templates from the saved LSE) rather than the operator-by-
+operator backward of the pattern: rewriting the backward too, after the fact, would mean matching
+what autograd makes of softmax and two matmuls, a second pattern as long as the first and brittle.
 
 Where to look:
   - `_match_scores` ......... S' back to the first matmul: scale, masks
   - `_match` ................ the whole pattern at one matmul
+  - `_rewrite` .............. one match -> the sdpa node
   - `fuse_attention(graph)` . the entry point
+  - `fuse_attention_for_training` . §5: the forward half of a joint graph, and its autograd tape
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from .attention_kernels import as_operand, make_spec
-from .capture import Node
-from .tensor import Meta
+from . import autograd
+from .capture import Node, _contiguous_strides
+from .dtypes import bool_, float32
+from .tensor import Meta, Tensor
 
 NEG_INF = float("-inf")
 
@@ -45,6 +59,7 @@ class AttentionMatch:
     v: Node
     scale: float = 1.0
     mask: Node | None = None
+    drop: bool = False            # the mask says where to drop (masked_fill), not where to keep
     used: list = field(default_factory=list)      # nodes only the pattern reads (removed)
 
 
@@ -79,6 +94,14 @@ def _is_last_dim(node: Node) -> bool:
             and dims[0] in (-1, len(node.inputs[0].meta.shape) - 1))
 
 
+def _neg_inf(x) -> bool:
+    """-inf, as a number or as masked_fill's one-element `full` tensor."""
+    if isinstance(x, Node):
+        p = x.params
+        return x.op == "full" and p.get("value") == NEG_INF and all(d == 1 for d in p.get("shape", (2,)))
+    return x == NEG_INF
+
+
 def _scalar(x):
     return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
@@ -109,9 +132,14 @@ def _match_scores(x: Node, m: AttentionMatch, uses: dict) -> Node | None:
             m.mask, x = a[side], a[1 - side]        # S · s + mask: the template's additive mask
             if m.mask.meta.dtype.name == "bool" or not m.mask.meta.dtype.is_floating_point:
                 return None
-        elif x.op == "where" and m.mask is None and isinstance(a[0], Node) and a[2] == NEG_INF \
+        elif x.op == "where" and m.mask is None and isinstance(a[0], Node) and _neg_inf(a[2]) \
                 and isinstance(a[1], Node) and a[0].meta.dtype.name == "bool":
             m.mask, x = a[0], a[1]
+            m.used += [a[2]] if isinstance(a[2], Node) else []
+        elif x.op == "where" and m.mask is None and isinstance(a[0], Node) and _neg_inf(a[1]) \
+                and isinstance(a[2], Node) and a[0].meta.dtype.name == "bool":
+            m.mask, m.drop, x = a[0], True, a[2]    # masked_fill(drop, -inf): keep = not drop
+            m.used += [a[1]] if isinstance(a[1], Node) else []
         else:
             return None
     return None
@@ -128,11 +156,13 @@ def _arange_along(x, size, axis: int, rank: int) -> bool:
     return p.get("start") == 0 and p.get("step") == 1 and p.get("end") == size
 
 
-def _is_causal(keep: Node, score_shape: tuple) -> bool:
-    """keep = (q_idx >= kv_idx) from two aranges (or kv_idx <= q_idx): the top-left causal mask."""
-    if keep.op not in ("ge", "le") or not all(isinstance(x, Node) for x in keep.inputs):
+def _is_causal(keep: Node, score_shape: tuple, drop: bool = False) -> bool:
+    """keep = (q_idx >= kv_idx) from two aranges (or kv_idx <= q_idx): the top-left causal mask;
+    with `drop`, the mask says where to drop: q_idx < kv_idx (or kv_idx > q_idx)."""
+    ops = ("lt", "gt") if drop else ("ge", "le")
+    if keep.op not in ops or not all(isinstance(x, Node) for x in keep.inputs):
         return False
-    rows, cols = keep.inputs if keep.op == "ge" else keep.inputs[::-1]
+    rows, cols = keep.inputs if keep.op == ops[0] else keep.inputs[::-1]
     m, n = score_shape[-2:]
     rank = len(score_shape)
     return _arange_along(rows, m, -2, rank) and _arange_along(cols, n, -1, rank)
@@ -209,22 +239,176 @@ def _remove_dead(graph, candidates: list):
         graph.nodes = [n for n in graph.nodes if not any(n is d for d in dead)]
 
 
+def _keep_of(graph, m: AttentionMatch, before: Node) -> Node:
+    """masked_fill's mask says where to drop; the template's bool mask says where to keep."""
+    drop = m.mask
+    meta = Meta(tuple(drop.meta.shape), _contiguous_strides(drop.meta.shape), bool_, drop.meta.device, 0)
+    node = Node(f"{before.name}_keep", "logical_not", [drop], {}, meta)
+    graph.nodes.insert(graph.nodes.index(before), node)
+    return node
+
+
+def _rewrite(graph, mm2: Node, m: AttentionMatch) -> tuple:
+    """Turn `mm2` into the `sdpa` node of match `m`, removing what only the pattern read;
+    (K, the template's mask or None, causal)."""
+    key = _key_of(graph, m, mm2)
+    causal = m.mask is not None and m.mask.meta.dtype.name == "bool" and _is_causal(
+        m.mask, tuple(m.q.meta.shape[:-1]) + (key.meta.shape[-2],), m.drop)
+    if causal:
+        m.used += _ancestors(m.mask)          # no M x N mask in memory: the template's causal loop
+    mask = None if m.mask is None or causal else _keep_of(graph, m, mm2) if m.drop else m.mask
+    mm2.op, mm2.params = "sdpa", {"is_causal": causal, "scale": float(m.scale)}
+    mm2.name = f"sdpa_{mm2.name}"             # the kernel's comment names what it computes
+    mm2.inputs = [m.q, key, m.v] + ([mask] if mask is not None else [])
+    _remove_dead(graph, m.used)
+    return key, mask, causal
+
+
+REWRITE_ENV = "STAX_ATTENTION_REWRITE"     # "0": leave hand-written attention as it is written
+                                           # (to compare the two forms; kernels are keyed by
+                                           # their text, so caches stay sound)
+
+
+def rewrite_enabled() -> bool:
+    return os.environ.get(REWRITE_ENV, "1") != "0"
+
+
 def fuse_attention(graph):
     """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph."""
+    if not rewrite_enabled():
+        return graph
     for mm2 in [n for n in graph.nodes if n.op == "matmul"]:
         if mm2 not in graph.nodes:
             continue
         m = _match(mm2, _uses(graph))
         if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
             continue
-        key = _key_of(graph, m, mm2)
-        causal = m.mask is not None and m.mask.meta.dtype.name == "bool" and _is_causal(
-            m.mask, tuple(m.q.meta.shape[:-1]) + (key.meta.shape[-2],))
-        if causal:
-            m.used += _ancestors(m.mask)          # no M x N mask in memory: the template's causal loop
-        mask = [] if m.mask is None or causal else [m.mask]
-        mm2.op, mm2.params = "sdpa", {"is_causal": causal, "scale": float(m.scale)}
-        mm2.name = f"sdpa_{mm2.name}"             # the kernel's comment names what it computes
-        mm2.inputs = [m.q, key, m.v] + mask
-        _remove_dead(graph, m.used)
+        _rewrite(graph, mm2, m)
     return graph
+
+
+# ---- §5 / §9.10 In a compiled training step: the forward rewritten before its backward is traced ----
+#
+# partition.capture_joint runs the function on proxies that take part in autograd, then autograd's
+# engine from the tangents. Between the two the forward half of the joint graph is rewritten here,
+# and so is the autograd tape behind it: the GradNode of the final matmul becomes an `sdpa` node
+# recorded with its LSE (what attention.py records for scaled_dot_product_attention on inputs that
+# require grad), so the engine traces one `attn_bwd` node, the forward saves q, k, v, out and the
+# LSE, and the nodes of the pattern (the N x N scores) are in neither graph.
+
+
+def _node_of(tracer, x):
+    return x._node if x._node is not None else tracer.const_ids.get(id(x))
+
+
+def _tape(tracer, leaves) -> dict:
+    """Graph node -> the proxy holding it, for every tensor on the autograd tape behind `leaves`."""
+    found, seen, todo = {}, set(), list(leaves)
+    for t in leaves:
+        found.setdefault(_node_of(tracer, t), t)
+    while todo:
+        g = todo.pop()._grad_fn
+        if g is None or id(g) in seen:
+            continue
+        seen.add(id(g))
+        for x in [y for a in getattr(g, "inputs", []) for y in (a if isinstance(a, list) else [a])]:
+            if isinstance(x, Tensor):
+                found.setdefault(_node_of(tracer, x), x)
+                todo.append(x)
+    return found
+
+
+def _pattern_tensors(tracer, out: Tensor, inside: set) -> dict | None:
+    """The pattern's proxies (node -> tensor), from its output down the tape through the nodes
+    `inside` it; None when the tape and the graph disagree (a value rebound by an in-place update
+    after it was read): then the pattern keeps its operator-by-operator backward."""
+    found, todo = {out._node: out}, [out]
+    while todo:
+        t = todo.pop()
+        g, n = t._grad_fn, t._node
+        if g is None:                   # nothing below requires grad (else this would have a node)
+            continue
+        if getattr(g, "op", None) != n.op or len(g.inputs) != len(n.inputs):
+            return None
+        for a, x in zip(n.inputs, g.inputs):
+            if isinstance(a, list) or isinstance(x, list):
+                return None
+            if isinstance(x, Tensor):
+                if _node_of(tracer, x) is not a:
+                    return None
+                found[a] = x
+                if a in inside:
+                    todo.append(x)
+    return found
+
+
+def _trainable(m: AttentionMatch, mm2: Node, ts: dict) -> bool:
+    """What sdpa's derivative takes (attention._check_grad_inputs): one dtype, the same batch dims,
+    and a mask that needs no gradient (a learned positional bias keeps the ordinary backward)."""
+    q, kt, v = (x.meta for x in (m.q, m.k_t, m.v))
+    if not (q.dtype is kt.dtype is v.dtype is mm2.meta.dtype) or len(q.shape) < 3:
+        return False
+    if not (tuple(q.shape[:-3]) == tuple(kt.shape[:-3]) == tuple(v.shape[:-3])):
+        return False
+    mask = ts.get(m.mask) if m.mask is not None else None
+    return mask is None or not mask.requires_grad
+
+
+def _proxy(tracer, node: Node, found: dict) -> Tensor:
+    """The proxy of `node` on the tape, else a new one: a value no gradient reaches."""
+    t = found.get(node)
+    return t if t is not None else Tensor._proxy(tracer._proxy_meta(node.meta), node)
+
+
+def _retape(tracer, mm2: Node, m: AttentionMatch, key: Node, mask: Node | None, causal: bool, ts: dict):
+    """Give the rewritten `sdpa` node its LSE (an `attn_lse` node before it) and turn the matmul's
+    GradNode, in place (the consumers' edges point at it), into sdpa's."""
+    graph, out = tracer.graph, ts[mm2]
+    ins = [m.q, key, m.v] + ([mask] if mask is not None else [])
+    params = {"is_causal": causal, "scale": float(m.scale)}
+    shape = tuple(m.q.meta.shape[:-1])
+    lse = Node(f"{mm2.name}_lse", "attn_lse", list(ins), dict(params),
+               Meta(shape, _contiguous_strides(shape), float32, m.q.meta.device, 0))
+    graph.nodes.insert(graph.nodes.index(mm2), lse)
+    mm2.inputs = ins + [lse]
+    mm2.params = {**params, "with_lse": True}
+    k_t = ts.get(key)
+    if k_t is None:
+        k_t = _proxy(tracer, key, {})
+        kT = ts.get(m.k_t)
+        if key.op == "permute" and key.inputs[0] is m.k_t and kT is not None and kT.requires_grad:
+            autograd.record("permute", [kT], dict(key.params), [k_t])   # (the new K = Kᵀ transposed)
+    tensors = [_proxy(tracer, m.q, ts), k_t, _proxy(tracer, m.v, ts)] + \
+        ([_proxy(tracer, mask, ts)] if mask is not None else []) + [_proxy(tracer, lse, {})]
+    grad_fn = out._grad_fn
+    grad_fn.__dict__.update(autograd.GradNode("sdpa", tensors, mm2.params, out).__dict__)
+
+
+def fuse_attention_for_training(tracer, leaves: list, outputs: list) -> list:
+    """§5: rewrite the forward traced so far (the function's result: `leaves`, their nodes
+    `outputs`) before its backward is traced; the names of the `sdpa` nodes made. Only for the
+    GPU, as `fuse_attention` (on the CPU the ordinary kernels beat a float64 host op), with
+    static sizes; a pattern no gradient flows through is left to `fuse_attention`."""
+    graph = tracer.graph
+    if not rewrite_enabled() or tracer.shape_env is not None or not any(n.op == "matmul" and str(n.meta.device).startswith("cuda")
+                                               for n in graph.nodes):
+        return []
+    tape, made = _tape(tracer, leaves), []
+    kept, graph.outputs = graph.outputs, list(graph.outputs) + list(outputs)   # (outputs are uses)
+    try:
+        for mm2 in [n for n in graph.nodes if n.op == "matmul" and str(n.meta.device).startswith("cuda")]:
+            out = tape.get(mm2)
+            if mm2 not in graph.nodes or out is None or out._grad_fn is None:
+                continue
+            m = _match(mm2, _uses(graph))
+            if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
+                continue
+            ts = _pattern_tensors(tracer, out, set(m.used) | {m.k_t})
+            if ts is None or not _trainable(m, mm2, ts):
+                continue
+            key, mask, causal = _rewrite(graph, mm2, m)
+            _retape(tracer, mm2, m, key, mask, causal, ts)
+            made.append(mm2.name)
+    finally:
+        graph.outputs = kept
+    return made

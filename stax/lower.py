@@ -515,22 +515,38 @@ def _same_values(red: Reduction, fn_a, fn_b) -> bool:
         return fn_a(xv, rv) == fn_b(xv, rv)
 
 
-def _piece_fn(red: Reduction, inner, splits: int, rows: int):
+def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64):
     """inner(s, x, rindex) over piece s: `rows` slices of the outermost reduced dim, the inner
     reduced dims whole (their loads keep their shape: contiguous runs, SIMD on the CPU);
-    (s, x, rindex) -> value, or the identity 0 past the last slice."""
+    (s, x, rindex) -> value, or the identity 0 past the last slice (a mask whenever the pieces
+    may not tile the dim: always for a symbolic size, §10.3)."""
     outer_size = red.reduction_ranges[0]
 
     def fn(s, x, r):
         full = [s * rows + r[0]] + list(r[1:])
-        if rows * splits == outer_size:
+        if sympy.sympify(rows * splits - outer_size) == 0:
             return inner(s, x, full)
-        in_range = ops.lt(ops.index_expr(full[0], int64), ops.index_expr(outer_size, int64))
+        in_range = ops.lt(ops.index_expr(full[0], index_dtype), ops.index_expr(outer_size, index_dtype))
         return ops.masked(in_range, lambda: inner(s, x, full), ops.constant(0, red.src_dtype))
     return fn
 
 
-def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None) -> tuple:
+def _piece_count(n_outer, rows: int) -> tuple:
+    """(splits, rows, last): `rows` slices per piece, the last piece's slices. A known size is cut
+    evenly (every piece at least one slice); a symbolic one (§10.3) keeps `rows`, chosen at the
+    hint, and counts its pieces at run time: ceil(n / rows), the last one ragged (masked)."""
+    if sympy.sympify(n_outer).is_Integer:
+        n_outer = int(n_outer)
+        splits = -(-n_outer // rows)
+        rows = -(-n_outer // splits)
+        splits = -(-n_outer // rows)             # every piece holds at least one slice
+        return splits, rows, n_outer - (splits - 1) * rows
+    splits = FloorDiv(n_outer + rows - 1, rows)
+    return splits, rows, n_outer - (splits - 1) * rows
+
+
+def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None,
+                       index_dtype=int64) -> tuple:
     """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
     by its first value K_s (the shifted values are small, so their float sums are accurate even
     when the mean is large): its sum S_s = sum (v - K_s) and deviations M2_s = sum (v - K_s -
@@ -539,28 +555,30 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     of v in `sums` (the mean's) become sum_s n_s K_s + S_s. `names`: the pieces of another
     deviation reduction of the same v (std and var of one input), reused."""
     v_fn, c_fn = red.deviation
-    dt, n_outer = red.src_dtype, int(red.reduction_ranges[0])
-    inner = int(sympy.prod(red.reduction_ranges[1:]))
-    splits = -(-n_outer // rows)
-    rows = -(-n_outer // splits)
-    splits = -(-n_outer // rows)                 # every piece holds at least one slice
-    last = n_outer - (splits - 1) * rows
-    ranges1 = [sympy.Integer(splits)] + list(red.ranges) if outer else list(red.ranges) + [sympy.Integer(splits)]
+    dt = red.src_dtype
+    inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
+    splits, rows, last = _piece_count(red.reduction_ranges[0], rows)
+    splits = sympy.sympify(splits)
+    ranges1 = [splits] + list(red.ranges) if outer else list(red.ranges) + [splits]
     layout1 = Layout(tuple(ranges1), contiguous_strides(ranges1))
     at = (lambda s, x: [s] + list(x)) if outer else (lambda s, x: list(x) + [s])
     sx = (lambda i: (i[0], i[1:])) if outer else (lambda i: (i[-1], i[:-1]))
 
+    def number(e):                   # an element count as a float (symbolic: computed at run time)
+        e = sympy.sympify(e)
+        return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
+
     def count(s):
-        if last == rows:
-            return ops.constant(float(rows * inner), dt)
-        return ops.where(ops.lt(ops.index_expr(s, int64), ops.index_expr(splits - 1, int64)),
-                         ops.constant(float(rows * inner), dt), ops.constant(float(last * inner), dt))
+        if sympy.sympify(last - rows) == 0:
+            return number(rows * inner)
+        return ops.where(ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype)),
+                         number(rows * inner), number(last * inner))
 
     def shift(s, x):
         return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
     s_name, m2_name = names or (new_name(), new_name())
     load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
-    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows)
+    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows, index_dtype)
 
     def dev_piece(index, rindex):
         s, x = sx(index)
@@ -569,7 +587,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
         def sq(s_, x_, r_):
             d = ops.sub(ops.sub(v_fn(x_, r_), shift(s_, x_)), mean)
             return ops.mul(d, d)
-        return _piece_fn(red, sq, splits, rows)(s, x, rindex)
+        return _piece_fn(red, sq, splits, rows, index_dtype)(s, x, rindex)
 
     ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
     first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
@@ -584,7 +602,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     def total_fn(index, rindex):
         s = rindex[0]
         return ops.add(ops.mul(count(s), shift(s, index)), load_s(at(s, index)))
-    rs = [sympy.Integer(splits)]
+    rs = [splits]
     first = [] if names else first
     total = [Reduction(a.name, a.dtype, list(a.ranges), rs, "sum", total_fn, dt, a.layout, list(a.origins))
              for a in sums]
@@ -592,29 +610,40 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
                                    red.layout, list(red.origins))
 
 
+def _at_hints(expr, hints):
+    """A size at the example's values (§10.3), or None where a size has no hint."""
+    expr = sympy.sympify(expr).subs(hints or {})
+    return int(expr) if expr.is_Integer else None
+
+
 def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
     """Reduce each var deviation reduction longer than the back end's one-read piece
     (`deviation_piece(numel_out, numel_red, outer) -> elements`) in pieces (`_chunked_deviation`);
     its pieces run where the first sum of the same values (the mean's, anywhere in the program) or
-    the deviations ran, and those sums read the pieces."""
-    bufs, done, made = lowered.buffers, set(), []
+    the deviations ran, and those sums read the pieces. Symbolic sizes (§10.3): the piece is
+    chosen at the hints, the piece count is a run-time expression and the last piece is masked
+    (`_piece_count`), so no guard is needed."""
+    bufs, done, made, hints = lowered.buffers, set(), [], lowered.hints
     for red in [b for b in bufs if isinstance(b, Reduction) and b.deviation is not None]:
-        out, rnumel = sympy.sympify(sympy.prod(red.ranges)), sympy.sympify(sympy.prod(red.reduction_ranges))
-        if not (out.is_Integer and rnumel.is_Integer):
+        out, rnumel = _at_hints(sympy.prod(red.ranges), hints), _at_hints(sympy.prod(red.reduction_ranges), hints)
+        inner = _at_hints(sympy.prod(red.reduction_ranges[1:]), hints)
+        if out is None or rnumel is None or inner is None:
             continue
         outer = reads_across_rows(red)
-        piece = deviation_piece(int(out), int(rnumel), outer)
-        inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
-        if not piece or int(rnumel) <= piece or not inner.is_Integer or int(inner) >= int(rnumel) // 2:
+        piece = deviation_piece(out, rnumel, outer)
+        if not piece or rnumel <= piece or inner >= rnumel // 2:
             continue                 # short enough to read once, or too few slices to cut in pieces
-        rows = max(1, piece // int(inner))
+        rows = max(1, piece // inner)
+        elements = sympy.sympify(sympy.prod(red.ranges) * sympy.prod(red.reduction_ranges))
+        small = lowered.index32 or (elements.is_Integer and int(elements) < 2 ** 31)
         sums = [b for b in bufs if isinstance(b, Reduction) and b.reduction_type == "sum"
                 and b.deviation is None and b.ranges == red.ranges and b.reduction_ranges == red.reduction_ranges
                 and b.src_dtype == red.src_dtype and _same_values(b, b.inner_fn, red.deviation[0])]
         names = next((names for other, r, names in made if r == rows and other.ranges == red.ranges
                       and other.reduction_ranges == red.reduction_ranges and other.src_dtype == red.src_dtype
                       and _same_values(red, other.deviation[0], red.deviation[0])), None)
-        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer, names)
+        first, total, combined = _chunked_deviation(red, sums, rows, new_name, outer, names,
+                                                    int32 if small else int64)
         made.append((red, rows, names or (first[0].name, first[1].name)))
         at = min(bufs.index(b) for b in sums + [red])
         replace = dict(zip(sums, total))
@@ -778,8 +807,13 @@ class _Lowering:
                     wanted = self.operand_strides(node, position, layout)
                 if wanted is not None:
                     ins.append(self.realize(a, Layout(tuple(a.shape), tuple(wanted)), [node.name]).buffer)
+                elif view is not None:
+                    ins.append(view)
                 else:
-                    ins.append(view if view is not None else self.realize(a).buffer)
+                    a = self.realize(a)
+                    if hasattr(node.inputs[position], "op"):    # later readers (a transposed view
+                        self.env[node.inputs[position]] = a     # for the weight's gradient) reuse it
+                    ins.append(a.buffer)
             else:
                 ins.append(a)
         if node.op == "matmul" and len(node.meta.shape) > len(args[1].shape) == 2:
@@ -817,13 +851,18 @@ class _Lowering:
         rows read as (B*T, C) by a folded matmul: a second pass over the rows)."""
         chain = []                      # (views that keep every element: the value is not bigger)
         while hasattr(x, "op") and x.op in ("reshape", "permute"):
+            if chain and (self.env[x].buffer is not None or strided_view(self.env[x], self.dtype_of) is not None):
+                break                   # already a view of a stored value (an earlier operand's)
             chain.append(x)
             x = x.inputs[0]
-        if not chain or not hasattr(x, "op") or self.env[x].buffer is not None:
+        if not chain or not hasattr(x, "op"):
             return None
-        self.env[x] = v = self.realize(self.env[x])
-        for n in reversed(chain):
-            v = _lower_view(n, v)
+        v = self.env[x]
+        if v.buffer is None and strided_view(v, self.dtype_of) is None:
+            self.env[x] = v = self.realize(v)
+        for n in reversed(chain):       # the views read the stored value: a later operand that is
+            v = _lower_view(n, v)       # another view of it (the weight gradient's transpose)
+            self.env[n] = v             # reads the same buffer instead of computing it again
         return v
 
     # step 3: every tensor output is stored in a buffer of its own (inputs and views are copied)

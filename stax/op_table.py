@@ -538,7 +538,8 @@ DERIVATIVES = {
                                          if ins[0].ndim else g,),
     "matmul": lambda F, g, ins, out, p: F.matmul_grads(g, ins[0], ins[1]),
     # a gather's gradient adds into the gathered positions; a scatter's goes to what was written
-    "index": lambda F, g, ins, out, p: (F.index_put(F.zeros_like(ins[0], g.dtype), g, ins[1:], p, True),)
+    "index": lambda F, g, ins, out, p: (F.pick_grad(g, ins[0], ins[2]) if p["op"] == "nll_loss" else
+                                        F.index_put(F.zeros_like(ins[0], g.dtype), g, ins[1:], p, True),)
                                        + (None,) * (len(ins) - 1),
     "index_put": lambda F, g, ins, out, p: (
         g if p["accumulate"] else F.index_put(g, F.zeros_like(ins[1], g.dtype), ins[2:], p, False),

@@ -32,6 +32,7 @@ from . import tensor_ops as T
 from .capture import (Graph, GraphBreak, Node, Tracer, _contiguous_strides, _drop_dead_nodes, _flatten,
                       _input_alias, _input_proxies, _map_tensors, _print_breaks_graph, _reject_ndarrays,
                       input_tensors)
+from .fuse_attention import fuse_attention_for_training
 from .op_table import OPS
 from .tensor import VIEW_OPS, Meta, Tensor, set_tracer
 
@@ -50,6 +51,7 @@ class Joint:
     diff: list              # the index of each differentiable output among the forward outputs
     wrt: list               # positions (among the call's tensors) of the inputs that require grad
     grads: list             # per `wrt` input, its gradient node, or None (the input is unused)
+    fused: list = field(default_factory=list)   # §9.10: sdpa nodes made of hand-written attention
 
 
 def _needs_copy(t) -> bool:
@@ -90,6 +92,8 @@ def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
     leaves = []
     spec = _flatten(result, leaves, lambda t: _input_alias(t, tracer) if t._node is not None else None)
     outs = [tracer._node_of(x) for x in leaves]
+    # §9.10: hand-written attention becomes sdpa before its backward is traced (no N x N saved)
+    fused = fuse_attention_for_training(tracer, leaves, outs) if leaves else []
     diff = [k for k, x in enumerate(leaves) if x.requires_grad and x.dtype.is_floating_point]
     tangents = [_tangent(tracer, leaves[k], len(real) + j) for j, k in enumerate(diff)]
     wrt = [p for p, t in enumerate(real) if t.requires_grad]
@@ -113,7 +117,7 @@ def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
         if node is not None and (_needs_copy(g) or node in nodes):
             node = tracer._node_of(T.clone(g))
         nodes.append(node)
-    return spec, outs, diff, [t._node for t in tangents], wrt, nodes
+    return spec, outs, diff, [t._node for t in tangents], wrt, nodes, fused
 
 
 def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
@@ -129,7 +133,8 @@ def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dy
     prev = set_tracer(tracer)
     try:
         with _print_breaks_graph(tracer), autograd.enable_grad():
-            spec, outs, diff, tangents, wrt, grads = _run_joint(fn, tracer, real, args, kwargs, sized_ints)
+            spec, outs, diff, tangents, wrt, grads, fused = _run_joint(fn, tracer, real, args, kwargs,
+                                                                        sized_ints)
     finally:
         set_tracer(prev)
     g = tracer.graph
@@ -142,7 +147,7 @@ def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dy
         n.name = f"primals_{k + 1}"
     for k, n in enumerate(tangents):
         n.name = f"tangents_{k + 1}"
-    return Joint(g, spec, len(outs), primals, tangents, diff, wrt, grads)
+    return Joint(g, spec, len(outs), primals, tangents, diff, wrt, grads, fused)
 
 
 def _keep_sizes(g, env):
@@ -281,6 +286,7 @@ class Partition:
     n_out: int              # forward.outputs[:n_out] are the function's outputs
     grad_slot: list = field(default_factory=list)   # per `wrt` input: its backward output, or None
     hints: dict = field(default_factory=dict)       # §10.4: size symbol -> the example's size
+    fused: list = field(default_factory=list)       # §9.10: sdpa nodes made of hand-written attention
 
     def format(self) -> str:
         """STAX_LOGS=partition: the forward graph, the saved values with their sizes, the backward."""
@@ -288,7 +294,10 @@ class Partition:
                  + (" (an input: free to save)" if where[0] != "output" else "")
                  for n, where in zip(self.saved, self.saved_from)]
         total = sum(nbytes(n, self.hints) for n, w in zip(self.saved, self.saved_from) if w[0] == "output")
-        return ("forward graph:\n" + self.forward.format() +
+        fused = (f"hand-written attention rewritten before the backward was traced: {', '.join(self.fused)} "
+                 "(the flash template forward; its backward the attn_bwd templates, from the saved LSE)\n\n"
+                 if self.fused else "")
+        return (fused + "forward graph:\n" + self.forward.format() +
                 f"\n\nsaved for backward ({len(self.saved)} values, {total} bytes beyond the inputs):\n" +
                 ("\n".join(saved) or "  (nothing)") + "\n\nbackward graph:\n" + self.backward.format())
 
@@ -354,7 +363,7 @@ def partition(joint: Joint) -> Partition:
     for n in joint.grads:
         slots.append(None if n is None else k)
         k += n is not None
-    return Partition(fwd, bwd, saved, saved_from, joint.n_out, slots, joint.graph.hints)
+    return Partition(fwd, bwd, saved, saved_from, joint.n_out, slots, joint.graph.hints, joint.fused)
 
 
 __all__ = ["Joint", "Partition", "capture_joint", "partition", "min_cut", "recomputable", "GraphBreak"]

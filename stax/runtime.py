@@ -142,6 +142,20 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
         storage = Storage(cuda.DeviceArray(numel, dtype.np), "cuda")
         return Tensor._make(storage, Meta(shape, stride, dtype, "cuda", 0))
 
+    counters = {}                # §6.5: a one-kernel split's counters, this artifact's own
+
+    def zeroed_workspace_cuda(name, numel):
+        """int32 counters zeroed once, when first allocated (or outgrown by a larger size), and kept:
+        every launch leaves them 0 again (triton_helpers.last_arrival), so no call zeroes them.
+        Outgrown ones stay allocated too: a CUDA graph recorded at a smaller size replays on them."""
+        held = counters.setdefault(name, [])
+        if not held or held[-1].shape[0] < numel:
+            import numpy as np
+            n = max(1, numel)
+            array = cuda.DeviceArray(n, np.dtype(np.int32)).upload(np.zeros(n, np.int32))
+            held.append(Tensor._make(Storage(array, "cuda"), Meta((n,), (1,), DTYPES["int32"], "cuda", 0)))
+        return held[-1]
+
     def get_raw_stream(index):
         return None            # one stream per process (stax.cuda's default stream)
 
@@ -152,6 +166,7 @@ def gpu_wrapper_globals(mode=None, options=None) -> dict:
     return {"stax": stax, "assert_size_stride": assert_size_stride,
             "async_compile": AsyncCompile(mode, options),
             "empty_strided_cuda": empty_strided_cuda, "get_raw_stream": get_raw_stream,
+            "zeroed_workspace_cuda": zeroed_workspace_cuda,
             "extern_kernels": SimpleNamespace(mm=cublas.mm),     # §9.8 cuBLASLt (when installed)
             "extern_kernel": gpu_extern_kernel, "reinterpret_tensor": reinterpret_tensor,
             "reshaped_output": reshaped_output, **DTYPES}

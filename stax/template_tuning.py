@@ -14,18 +14,21 @@ Where to look:
   - `split_k_applies`, `split_k_factor`  the chapter's criterion k ≥ 128·max(m, n), and s
   - `set_float32_matmul_precision` the global precision setting (tl.dot's input_precision)
   - `template_configs`, `template_grid`, `template_tuning_space`  §9.6 for the templates
+  - `_small_m`, `launch_bound` ... the candidates a GEMM of a few rows keeps, and when it measures none
 """
 from __future__ import annotations
 
 import math
 
-from .autotune import next_pow2
+from .autotune import ASSUMED_BANDWIDTH, TARGET_PROGRAMS, next_pow2
 
 GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ one program per SM
 SMEM_BUDGET = 227 * 1024      # bytes of shared memory one block may use on an H100/H200 (sm_90)
 SPLIT_K_RATIO = 128           # §9.8: split K when k ≥ 128·max(m, n)
 SPLIT_K_MIN_PIECE = 256       # each split multiplies at least this much of K
 SPLIT_K_MAX = 128             # bounds the partials' traffic: s × m × n float32 written and read
+SMALL_M = 16                  # rows up to which every candidate's BLOCK_M is 16 (`_small_m`)
+LAUNCH_MS = 0.005             # about one launch's host time on the H200's host (6.8 µs, RESULTS.md)
 PRECISIONS = {"highest": "ieee", "high": "tf32", "medium": "tf32"}
 _precision = ["highest"]      # PyTorch's default: float32 matmuls in IEEE float32
 
@@ -107,7 +110,8 @@ def split_k_factor(m: int, n: int, k: int, batch: int, sm_count: int) -> int:
 
 def template_configs(numels: dict) -> list:
     """The candidate set: block shapes around the chapter's 128×128×32, clamped to the sizes, and
-    without those whose pipeline would not fit in shared memory (never compiled).
+    without those whose pipeline would not fit in shared memory (never compiled); for a GEMM of at
+    most SMALL_M rows only those that can win (`_small_m`).
 
     The first is the heuristic default (what runs unmeasured, e.g. in Triton's interpreter)."""
     m, n, k = (int(numels.get(f"{p}numel", 1)) for p in "mnk")
@@ -127,7 +131,33 @@ def template_configs(numels: dict) -> list:
             cfg["NUM_SMS"] = int(numels["NUM_SMS"])
         if cfg not in out and fits_shared_memory(cfg, itemsize):
             out.append(cfg)
+    if m <= SMALL_M:
+        out = _small_m(out, n, int(numels.get("bnumel", 1)))
     return out
+
+
+def _small_m(configs: list, n: int, batch: int) -> list:
+    """A GEMM of at most SMALL_M rows (every BLOCK_M is 16) streams B once, at most 16 rows of A
+    beside it: what bounds its time is the bytes of B in flight, (num_stages - 1) x BLOCK_K x N
+    over all programs, and the SMs that carry them (N / BLOCK_N programs a batch). A shallower
+    BLOCK_K halves the first, BLOCK_N 256 where its programs leave SMs idle cuts the second: those
+    candidates cannot win, and are not compiled (issue 14: the MLP block at batch 8 compiled 8
+    candidates, 4 of them of BLOCK_K 32, and never the two last of the table). The rest go most
+    bytes in flight first, then most programs: the first is the default."""
+    deepest = max(c["BLOCK_K"] for c in configs)
+    keep = [c for c in configs if c["BLOCK_K"] == deepest and not
+            (c["BLOCK_N"] > 128 and -(-n // c["BLOCK_N"]) * batch < TARGET_PROGRAMS)]
+    return sorted(keep, key=lambda c: (-(c["num_stages"] - 1) * c["BLOCK_K"], c["BLOCK_N"]))
+
+
+def launch_bound(numels: dict) -> bool:
+    """A GEMM of at most SMALL_M rows whose operands stream in under LAUNCH_MS: Alg. 9.1's timing of
+    back-to-back launches measures the host's launch time for every candidate (they cannot be told
+    apart; the MLP block's GEMM at batch 8: 2 MB, 0.7 µs), so its default runs unmeasured, the
+    deepest pipeline of `_small_m`, as a generated kernel of a few microseconds runs its own."""
+    m, n, k, batch = (int(numels.get(f"{p}numel", 1)) for p in "mnkb")
+    nbytes = (m * k + k * n + m * n) * batch * int(numels.get("itemsize", 4))
+    return m <= SMALL_M and nbytes / ASSUMED_BANDWIDTH * 1e3 < LAUNCH_MS
 
 
 def template_tuning_space(start: dict) -> dict:

@@ -11,7 +11,8 @@ return None, so the same names map to `tl` functions the interpreter implements.
 Where to look: `maximum`/`minimum` (NaN-propagating), `max2`/`min2`/`prod` (row reductions),
 `max_with_index`/`min_with_index` (argmax/argmin: first index wins ties, NaN counts as largest),
 `floordiv`/`remainder` (Python signs), `cumsum`/`cumprod`/`logcumsumexp`/`cummax`/`cummin` (block scans along a dim,
-`tl.associative_scan`) and `logaddexp` (their carry's combine), `libdevice`.
+`tl.associative_scan`) and `logaddexp` (their carry's combine), `last_arrival` (the one-kernel split's
+counter, §6.5), `libdevice`.
 """
 import os
 
@@ -256,3 +257,20 @@ def ipow(a, b):
         base = base * base
         e = e >> 1
     return tl.where(b < 0, tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)), r)
+
+
+# ---- §6.5 The one-kernel split: the last program of a column block combines ----
+
+@triton.jit
+def last_arrival(counter_ptr, arrivals):
+    """True in the last of the `arrivals` programs that call it on one int32 counter (each after
+    storing its partials), which then sets the counter back to 0 for the next launch (and every
+    CUDA graph replay). The barrier puts all of this program's stores before its arrival; the
+    acq_rel atomic makes the other programs' stores visible to the last one."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    last = ticket == arrivals - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    tl.debug_barrier()
+    return last

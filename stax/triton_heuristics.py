@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 
@@ -365,6 +366,7 @@ class CachingAutotuner:
         self.mode, self.options = None, {}   # runtime.AsyncCompile sets stax.compile's mode and options
         self.tuning_seconds = 0.0
         self.best_ms = None          # the chosen configuration's measured time, when measured
+        self._text_key = None
 
     @property
     def fn(self):
@@ -375,6 +377,14 @@ class CachingAutotuner:
     @property
     def source(self) -> str:
         return self._source if self._source is not None else self.fn.src
+
+    @property
+    def text_key(self) -> str:
+        """The kernel's text without its own name (`shared_text`): what its cubins and tuning
+        records are keyed by, so identical kernels of one program compile and tune once."""
+        if self._text_key is None:
+            self._text_key = shared_text(self.name, self.source)
+        return self._text_key
 
     def grid(self, numels: dict, cfg: Config) -> tuple:
         """Definition 9.1: ⌈numel / BLOCK⌉ programs along each axis (x on program_id(0))."""
@@ -467,10 +477,10 @@ class CachingAutotuner:
         # identical GEMMs (shape, layouts, dtypes, precision) share one record, whatever their
         # names and epilogues (§9.8: the epilogue does not change which blocks are fastest)
         shared = self.meta.get("tuning_key")
-        key = cache.content_hash(shared or self.source, repr(cands), props.name, repr(props.cc),
+        key = cache.content_hash(shared or self.text_key, repr(cands), props.name, repr(props.cc),
                                  _triton_version(), repr(search), repr(sorted(self.options.items())),
                                  cache.FORMAT)
-        path = cache.folder("autotune") / f"{'template' if shared else self.name}_{key}.json"
+        path = cache.folder("autotune") / f"{'template' if shared else _family(self.name)}_{key}.json"
         if key not in _RECORDS:
             choice = _load_choice(path)
             if choice is not None:
@@ -512,7 +522,10 @@ class CachingAutotuner:
 
     def _floor_ms(self, numels: dict) -> float:
         """An upper estimate of the kernel's memory floor (autotune.memory_floor_ms)."""
-        if self.kind in ("template", "attention", "attention_decode"):
+        if self.kind == "template":            # compute-bound, measured; unless a few rows, launch-bound
+            from .template_tuning import launch_bound
+            return 0.0 if launch_bound(numels) else math.inf
+        if self.kind in ("attention", "attention_decode"):
             return math.inf                    # compute-bound: always worth measuring
         return memory_floor_ms(numels, self.signature)
 
@@ -592,9 +605,9 @@ class CachingAutotuner:
         props = cuda.get_device_properties()
         cc = props.cc[0] * 10 + props.cc[1]
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
-        key = cache.content_hash(self.source, repr(sorted(cfg.items())), repr(self.signature),
+        key = cache.content_hash(self.text_key, repr(sorted(cfg.items())), repr(self.signature),
                                  _triton_version(), str(cc), str(aligned), repr(divs), cache.FORMAT)
-        path = cache.folder("cubin") / f"{self.name}_{key}.bin"
+        path = cache.folder("cubin") / f"{_family(self.name)}_{key}.bin"
         entry = _load_cubin(path)
         if entry is not None:
             return entry
@@ -608,6 +621,22 @@ class CachingAutotuner:
             raise
         _save_cubin(path, cubin, info)
         return cubin, info
+
+
+def shared_text(name: str, source: str) -> str:
+    """A kernel's text with its name taken out: the comment line naming its graph nodes dropped,
+    the name itself (the def line) spelled KERNEL. Kernels whose texts differ only there compile
+    to the same code (issue 14: the MLP block's four layers are four copies of one GEMM and one
+    layer norm), so they share one cubin and one tuning record; the cubin keeps the name of the
+    kernel that compiled it (what a profiler shows for every copy)."""
+    lines = [line for line in source.splitlines() if not line.startswith(f"# {name}:")]
+    return re.sub(rf"\b{re.escape(name)}\b", "KERNEL", "\n".join(lines))
+
+
+def _family(name: str) -> str:
+    """A kernel's name without its index (triton_per_fused_3 -> triton_per_fused): the stem of
+    its cache entries, which copies under other indices share."""
+    return re.sub(r"_\d+$", "", name)
 
 
 def compile_threads() -> int:

@@ -208,6 +208,7 @@ class TritonPrinter(Printer):
         super().__init__()
         self.k = kernel
         self.masks = []             # extra masks of the ops.masked bodies being printed
+        self.masked_cse = {}        # mask -> what earlier bodies under it computed (its lines are above)
 
     def new_name(self) -> str:
         return self.k.new_tmp()
@@ -300,13 +301,17 @@ class TritonPrinter(Printer):
         return sym
 
     def masked(self, mask, body, other):
-        """Loads inside `body` carry the extra mask; lanes outside it take `other`."""
+        """Loads inside `body` carry the extra mask; lanes outside it take `other`. A later body
+        under the same mask (the deviations of a ragged piece after its sum) reuses what an earlier
+        one computed, its loads included, as an unmasked body would."""
         self.masks.append(str(mask))
-        saved, self.cse = self.cse, dict(self.cse)
+        kept = self.masked_cse.setdefault(tuple(self.masks), {})
+        saved, self.cse = self.cse, {**self.cse, **kept}
         try:
             result = body()
         finally:
             self.masks.pop()
+            kept.update({key: v for key, v in self.cse.items() if key not in saved})
             self.cse = saved
         return self.emit(f"tl.where({mask}, {result}, {other})", result.dtype)
 
@@ -383,6 +388,7 @@ class TritonKernel:
         self.r0_block = None                          # a persistent row's R0_BLOCK (its size hint)
         self.block_axes = None                        # the block's dims when not `axes` (OUTER: r0_, x)
         self.row_node = False                         # printing a per-row node of a reduction kernel
+        self.workspace = {}                           # name -> dtype of scratch a form adds (counters)
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -390,7 +396,7 @@ class TritonKernel:
         return f"tmp{self.tmp - 1}"
 
     def dtype_of(self, name):
-        return self.lowered.buffer(name).dtype
+        return self.workspace[name] if name in self.workspace else self.lowered.buffer(name).dtype
 
     def arg(self, name, read=False):
         (self.reads if read else self.writes)[name] = True
@@ -606,11 +612,12 @@ def _size_hint(k: TritonKernel, form: str, axis) -> int:
     return next_pow2(int(axis.numel)) if axis.numel.is_Integer else 8192
 
 
-def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
+def finish(k: TritonKernel, form: str, lines: list, hint, meta=None) -> tuple:
     """The kernel's text around its body `lines`: the comment naming its origins, the
     `@triton_heuristics.<kind>(...)` decorator, the signature with pointer parameters renamed to
     in_ptrN / out_ptrN / in_out_ptrN. Returns (name, source, the buffers passed, in the order of the
-    parameters, the numel of each axis as text)."""
+    parameters, the numel of each axis as text). `meta`: launch facts beyond the numels (the
+    decorator's `meta=`, which the grid reads: a one-kernel split's `splits`)."""
     name = f"triton_{form}_fused_{k.index_no}"
     order = list(dict.fromkeys(list(k.reads) + list(k.writes)))
     in_out = [n for n in order if n in k.reads and n in k.writes]
@@ -638,6 +645,7 @@ def finish(k: TritonKernel, form: str, lines: list, hint) -> tuple:
     kind = {"poi": "pointwise", "per": "persistent_reduction", "red": "reduction"}[form]
     extra = f", reduction_hint=ReductionHint.{hint}" if hint else (
         ", tile_hint=TileHint.DEFAULT" if len(k.axes) >= 2 else "")
+    extra += f", meta={meta!r}" if meta else ""
     origins = ", ".join(dict.fromkeys(k.group.origins))
     src = (f"# {name}: computes {origins}\n"
            f"@triton_heuristics.{kind}(size_hints={{{size_hints}}}{extra}, signature={signature!r})\n"

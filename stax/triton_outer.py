@@ -16,7 +16,10 @@ when the length is static and at most 64 (the OUTER bound), else looped ('red', 
 step). The third form, the split, is decided in lowering: `codegen_triton.outer_split_policy`
 splits a reduction whose outputs give too few programs of XBLOCK columns to fill the SMs, with its
 partials laid out [splits, outputs] (`lower.split_reduction(outer=True)`), so both of its kernels
-are OUTER kernels too.
+are OUTER kernels too; `one_kernel_split` prints the two as one kernel (§6.5): programs (column
+block, split) store their partials, and the last of a column block to arrive at its counter runs
+the combine's text (two launches, a ramp and a tail saved; STAX_SPLIT_ONE_KERNEL=0 keeps two;
+=all does the same for a row reduction's split, printed by `triton_reduction.reduction_kernel`).
 
 Consumes a reduction fusion group; produces (form, lines, 'OUTER') like `reduction_kernel`.
 
@@ -26,17 +29,23 @@ Where to look:
   - `_outer_persistent` .... the whole column block in registers (R0_BLOCK = next_pow2(r0_numel))
   - `_outer_looped` ........ R0_BLOCK rows a step, an [R0_BLOCK, XBLOCK] accumulator
   - `outer_reduction_kernel` the entry
+  - `one_kernel_split` ...... Alg. 6.1's two OUTER kernels as one: the last split combines
 """
 from __future__ import annotations
+
+import os
+import re
 
 import sympy
 
 from .autotune import next_pow2
-from .dtypes import int64
-from .ir import IndexCollector, Reduction, index_vars, set_handler
+from .dtypes import int32, int64
+from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
 from .schedule import node_index, phases
-from .triton_kernel import TritonKernel, TritonPrinter, axis_lines, setup_axes, texpr, tl_dtype, var_lines
-from .triton_reduction import _RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop
+from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes,
+                            texpr, tl_dtype, var_lines)
+from .triton_reduction import (_RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop,
+                               reduction_kernel)
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
 BLOCK = "[R0_BLOCK, XBLOCK]"
@@ -163,3 +172,146 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
         else:
             top.lines += _outer_looped(k, nodes, xvars, rvars)
     return ("per" if per else "red"), head + top.lines, "OUTER"
+
+
+# ---- §6.5 / §9.4 The one-kernel split: the last split of a column block combines ----
+
+# Alg. 6.1's splits in one kernel: "1" (the default) OUTER splits; "0" none (the two kernels, to
+# compare); "all" row splits too (batch-norm statistics of NCHW: not the default, whose row split
+# is the chapter's Listing 9.4)
+ONE_KERNEL_ENV = "STAX_SPLIT_ONE_KERNEL"
+_COMBINE_NAMES = re.compile(r"\b(r0_numel|rnumel|R0_BLOCK|RBLOCK|xoffset|xindex|xmask|r0_index|r0_offset|"
+                            r"r0_mask|roffset|rindex|r0_base|rbase|x\d+|r0_\d+)\b")
+COMBINE_LOOP_BLOCK = 32     # R0_BLOCK of a looped combine (more than 64 splits: var's pieces)
+
+
+def one_kernel_mode() -> str:
+    """'outer', 'none' or 'all' (ONE_KERNEL_ENV); an unknown value is an error saying which work."""
+    value = os.environ.get(ONE_KERNEL_ENV, "1")
+    modes = {"1": "outer", "0": "none", "all": "all"}
+    if value not in modes:
+        raise ValueError(f"{ONE_KERNEL_ENV}={value!r}: use 1 (OUTER splits in one kernel, the default), "
+                         "0 (every split as two kernels) or all (row splits in one kernel too)")
+    return modes[value]
+
+
+def _accesses(lines, name, fn) -> list | None:
+    """The offsets of every `fn(@name@ + (offset)` in `lines`, or None when the buffer is used
+    any other way (then the one-kernel form does not apply)."""
+    text = "\n".join(lines)
+    found = re.findall(rf"{fn}\(@{re.escape(name)}@ \+ \(([^()]*)\)", text)
+    return found if len(found) == text.count(f"@{name}@") else None
+
+
+def _split_pair(ga, gb) -> tuple:
+    """(S, outer) when groups (ga, gb) are shaped like Alg. 6.1's split: gb reduces S partials per
+    output, which ga reduces over ranges [S] + outputs (OUTER: `split_reduction(outer=True)`) or
+    outputs + [S] (a row reduction's split); else (0, None)."""
+    if ga.kind != "reduction" or gb.kind != "reduction" or len(gb.reduction_ranges) != 1:
+        return 0, None
+    s = sympy.sympify(gb.reduction_ranges[0])
+    if not s.is_Integer or not 2 <= int(s) <= GRID_LIMIT_YZ:
+        return 0, None               # (the splits are the grid's y extent)
+    if any(isinstance(n, Scatter) for n in ga.nodes + gb.nodes):
+        return 0, None
+    if list(ga.ranges) == [s] + list(gb.ranges):
+        return int(s), True
+    return (int(s), False) if list(ga.ranges) == list(gb.ranges) + [s] else (0, None)
+
+
+def _print_pair(ka, kb, outer: bool):
+    """Both groups' bodies in one form (OUTER, or the row form without a multi-pass alternative),
+    the second's temporaries numbered on from the first's; None where they take other forms."""
+    if outer_applies(ka) != outer or outer_applies(kb) != outer:
+        return None
+    kernel = outer_reduction_kernel if outer else reduction_kernel
+    form, lines_a, hint = kernel(ka)
+    kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
+    form_b, lines_b, _ = kernel(kb)
+    if kb.other_form or "xmask" in ka.always_true | kb.always_true:
+        return None
+    return form, lines_a, hint, form_b, lines_b
+
+
+def one_kernel_split(index: int, ga, gb, sched, force_form=None):
+    """Alg. 6.1's two kernels (ga: the split's partials, gb: their combine and epilogue) as one:
+    programs (column block, split) reduce their piece and store its partials as ga's kernel
+    does; each then arrives at its column block's counter (`last_arrival`), and the last to
+    arrive runs gb's kernel text for that block, reading the partials in split order 0..S-1 (the
+    result does not depend on the order of arrival). Returns (name, source, params, numels,
+    (counter name, its count as text: one per output)), or None where it does not apply: the
+    partials must be written at [split, output] (OUTER) or [output, split] by ga and read only
+    there by gb (outputs the same in both), and gb must write nothing ga touches. A split whose
+    pieces' kernel has two forms (a multi-pass row, §9.4) gives both: the result's last item is
+    the other form, for a second call with `force_form` (else None)."""
+    mode = one_kernel_mode()
+    splits, outer = _split_pair(ga, gb) if gb is not None and mode != "none" else (0, None)
+    if not splits or (not outer and mode != "all"):
+        return None
+    ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
+    ka.force_form = force_form
+    printed = _print_pair(ka, kb, outer)
+    if printed is None:
+        return None
+    (xa, xb), rb = (ka.axes[0], kb.axes[0]), kb.axes[1]
+    cols = xb.numel
+    sizes = [splits, cols] if outer else [cols, splits]
+    if len(xa.dims) == 1:            # the partials' two dims merged (Prop. 6.3): one flat index
+        sizes = [splits * cols]
+    if len(xa.dims) != len(sizes) or len(xb.dims) != 1 or len(rb.dims) != 1 or \
+            any(sympy.sympify(a - b) != 0 for a, b in zip(xa.sizes, sizes)):
+        return None
+    partials = [n for n in ka.writes if n in kb.reads]
+    if not partials or set(kb.writes) & (set(ka.reads) | set(ka.writes)):
+        return None
+    stored = texpr(sizes[1] * xa.dims[0] + xa.dims[1] if len(sizes) == 2 else xa.dims[0])
+    loaded = texpr(cols * rb.dims[0] + xb.dims[0]) if outer else texpr(splits * xb.dims[0] + rb.dims[0])
+    if any(_accesses(printed[1], n, "tl.store") != [stored] or
+           set(_accesses(printed[4], n, "tl.load") or [None]) != {loaded} for n in partials):
+        return None
+    return _one_kernel_text(ka, kb, printed, splits, cols, outer)
+
+
+def _split_head(ka, splits, cols, outer) -> dict:
+    """ga's x lines, replaced: its program's outputs along program_id(0), its split program_id(1)."""
+    pid = (lambda d: f"tl.program_id({d})" + (".to(tl.int64)" if ka.index64 else ""))
+    split = f"split = {pid(1)}                # Alg. 6.1: the piece of the rows this program reduces"
+    head = {"xnumel": [f"xnumel = {texpr(cols)}"] if cols.is_Integer else []}
+    if outer:                        # partials [S, outputs]: split s's start at s * xnumel
+        head.update(xoffset=[split, f"xoffset = split * xnumel + {pid(0)} * XBLOCK"],
+                    xmask=["xmask = xindex < (split + 1) * xnumel"])
+    else:                            # partials [outputs, S]: row o of split s is o * S + s
+        head.update(xoffset=[split, f"xoffset = {pid(0)} * XBLOCK"],
+                    xindex=[f"xindex = (xoffset + tl.arange(0, XBLOCK)[:, None]) * {splits} + split"],
+                    xmask=[f"xmask = xindex < xnumel * {splits}"])
+    return head
+
+
+def _one_kernel_text(ka, kb, printed, splits, cols, outer) -> tuple:
+    """Stitch the two printed bodies: ga's with program_id(1) as its split, gb's (its block names
+    suffixed `_c`, the combine's) under `if last_arrival(...)`; then `finish` the kernel."""
+    form, lines_a, hint, form_b, lines_b = printed
+    head = _split_head(ka, splits, cols, outer)
+    body = []
+    for line in lines_a:
+        body += head.get(line.split(" = ")[0], [line])
+    counter = f"split_counts_{ka.index_no}"
+    combine = [_COMBINE_NAMES.sub(r"\1_c", line) for line in lines_b if not line.startswith("xnumel =")]
+    if form_b == "red":
+        combine.insert(0, f"R0_BLOCK_c: tl.constexpr = {min(COMBINE_LOOP_BLOCK, next_pow2(splits))}")
+    body += [f"# §6.5 one kernel: the last of the {splits} splits to store its partials for this block of",
+             f"# outputs combines them: it reads splits 0..{splits - 1} as one block, reduced in a fixed order",
+             "# (the same result whatever order they arrived in)",
+             f"if triton_helpers.last_arrival(@{counter}@ + tl.program_id(0), {splits}):"]
+    body += ["    " + line for line in combine]
+    ka.workspace[counter] = int32
+    ka.reads.update(kb.reads)
+    ka.reads[counter] = True
+    ka.writes.update(kb.writes)
+    ka.writes[counter] = True
+    ka.axes[0] = Axis("x", list(kb.axes[0].dims), [cols])     # the launch's x: the output columns
+    name, src, params, numels = finish(ka, form, body, hint, meta={"splits": splits})
+    combined = ", ".join(dict.fromkeys(kb.group.origins))
+    first = src.split("\n", 1)[0]
+    src = src.replace(first, f"{first}; the last split of each block of outputs combines: {combined}", 1)
+    return name, src, params, numels, (counter, texpr(cols)), ka.other_form

@@ -427,7 +427,7 @@ def test_algorithm_9_1_measures_once_then_reads_the_record(monkeypatch, tmp_path
     k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c == fastest else 2.0)
     assert k._autotune(numels, ()) == fastest
     assert measured == at.candidates("pointwise", numels)          # every candidate, once
-    assert list((tmp_path / "autotune").glob("triton_poi_fused_0_*.json"))
+    assert list((tmp_path / "autotune").glob("triton_poi_fused_*.json"))
     # a second process: nothing in memory, the record on disk; nothing is measured
     k2, measured2 = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
     assert k2._autotune(numels, ()) == fastest and measured2 == []
@@ -478,6 +478,61 @@ def test_kernels_of_a_few_microseconds_run_the_default_unmeasured(monkeypatch, t
     k._autotune(numels, ())
     assert measured
 
+
+
+def test_kernels_that_differ_only_in_name_share_one_record_and_one_cubin(monkeypatch, tmp_path):
+    """Issue 14: the MLP block's four layers print four copies of one kernel under four names (and
+    four comments naming their graph nodes). The copies share Alg. 9.1's record (the second one
+    measures nothing) and the cubin cache's entries; any other difference in the text keeps them
+    apart."""
+    from stax import triton_heuristics as th
+    numels = {"xnumel": 1 << 24}
+    k, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c["XBLOCK"] == 1024 else 2.0)
+    chosen = k._autotune(numels, ())
+    text = "# {0}: computes add_{1}, mul_{1}\ndef {0}(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n"
+    copy = th.CachingAutotuner("triton_poi_fused_3", "pointwise", dict(k.size_hints), dict(k.signature),
+                               source=text.format("triton_poi_fused_3", 3))
+    first = th.CachingAutotuner("triton_poi_fused_0", "pointwise", dict(k.size_hints), dict(k.signature),
+                                source=text.format("triton_poi_fused_0", 0))
+    assert copy.text_key == first.text_key == k.text_key
+    copy.mode, copy.options = k.mode, k.options
+    monkeypatch.setattr(copy, "_measure", lambda *a: pytest.fail("a copy's candidates were measured"))
+    assert copy._autotune(numels, ()) == chosen and len(measured) > 1
+    # the name counts only as a whole word; the body and the signature count everywhere
+    assert th.shared_text("k_1", "def k_1(x):\n    k_12(x)\n") != th.shared_text("k_2", "def k_2(x):\n    k_22(x)\n")
+    other = th.CachingAutotuner("triton_poi_fused_5", "pointwise", dict(k.size_hints), dict(k.signature),
+                                source=text.format("triton_poi_fused_5", 5).replace("pass", "return"))
+    assert other.text_key != first.text_key
+    assert th._family("triton_per_fused_12") == "triton_per_fused" and th._family("k") == "k"
+
+
+
+def test_a_launch_bound_gemm_of_few_rows_runs_its_default_unmeasured(monkeypatch, tmp_path):
+    """Issue 14: the MLP block's GEMM (8 x 1024 x 1024 bf16, 2 MB: 0.7 µs at the bandwidth) is
+    shorter than a launch's host time, so timing its candidates back to back times the host; its
+    default (the deepest pipeline) runs, as a generated kernel of a few µs runs its own. 17 rows,
+    or 16 rows whose B takes longer than a launch to stream, are measured; max-autotune searches."""
+    from stax import template_tuning as tt, triton_heuristics as th
+    _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)      # (a fake H200, an empty cache)
+    gemm = th.CachingAutotuner("triton_tem_fused_mm_0", "template", {"b": 1, "m": 8, "n": 1024, "k": 1024},
+                               {"in_ptr0": "*bf16", "in_ptr1": "*bf16", "out_ptr0": "*bf16"},
+                               source="def triton_tem_fused_mm_0(in_ptr0, in_ptr1, out_ptr0):\n    pass\n",
+                               meta={"itemsize": 2, "tuning_key": "mm 8x1024x1024"})
+    times = []
+    monkeypatch.setattr(gemm, "_measure", lambda cfg, numels, args: times.append(cfg) or 1.0 + len(times))
+    monkeypatch.setattr(gemm, "_protect", lambda args: [])
+    monkeypatch.setattr(gemm, "_restore", lambda saved: None)
+    mlp = {"bnumel": 1, "mnumel": 8, "nnumel": 1024, "knumel": 1024, "itemsize": 2, "tuning_key": "a"}
+    assert tt.launch_bound(mlp) and gemm._autotune(mlp, ()) == th.default_config("template", mlp) and times == []
+    for shape in ({"mnumel": 17}, {"mnumel": 16, "nnumel": 4096, "knumel": 4096}):
+        numels = {**mlp, **shape, "tuning_key": repr(shape)}
+        assert not tt.launch_bound(numels)
+        times.clear()
+        gemm._autotune(numels, ())
+        assert times == th.candidates("template", numels)
+    gemm.mode, times[:] = "max-autotune", []
+    gemm._autotune({**mlp, "tuning_key": "b"}, ())
+    assert len(times) > len(th.candidates("template", mlp))
 
 _PRECOMPILE = """
 import json, sys, threading
@@ -531,6 +586,6 @@ def test_candidates_are_built_side_by_side_then_loaded_from_the_cubin_cache(tmp_
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["n"] >= 2 and len(out["threads"]) == out["n"] and out["threads_default"] == 3
     assert all(t.startswith("stax-compile") for t in out["threads"])
-    assert len(list((tmp_path / "cubin").glob(f"{out['name']}_*.bin"))) == out["n"] - 1
+    assert len(list((tmp_path / "cubin").glob(f"{out['name'].rsplit('_', 1)[0]}_*.bin"))) == out["n"] - 1
     assert out["elf"] == [True] * (out["n"] - 1) and out["rebuilt"] == []
     assert out["error"] == "this candidate does not compile"

@@ -68,9 +68,9 @@ class FakeLt:
         self.calls.append(("set_layout", attr, value))
         layout[{5: "batch", 6: "stride"}[attr]] = value
 
-    def heuristic(self, desc, a, b, d, prefs):
+    def heuristic(self, desc, a, b, d, prefs, requested=1):
         self.calls.append(("heuristic", dict(prefs)))
-        return "algo"
+        return ["algo"]
 
     def stream(self):
         return 0
@@ -173,7 +173,7 @@ def test_plan_reads_each_layout_as_cublas_does(a_shape, a_stride, b_shape, b_str
              for m, shape, st in zip(mems, (a_shape, b_shape), (a_stride, b_stride))]
     out = np.zeros(math.prod(out_shape), np.float32)
     lt = FakeLt()
-    desc, la, lb, ld, algo = cublas.build(lt, plan, (256, 256, 256, 256))
+    desc, la, lb, ld, (algo,) = cublas.build(lt, plan, (256, 256, 256, 256))
     first, second = (mems[1], mems[0]) if plan.swap else (mems[0], mems[1])
     lt.matmul(desc, first.ctypes.data, la, second.ctypes.data, lb, out.ctypes.data, ld, algo, 0)
     ref = np.matmul(views[0].astype(np.float64), views[1].astype(np.float64))
@@ -258,9 +258,11 @@ class FakeCLib:
         return self._attr("pref", *a)
 
     def cublasLtMatmulAlgoGetHeuristic(self, handle, desc, a, b, c, d, pref, requested, results, count):
-        count[0] = 1
-        results[0].algo.data[0] = 42
-        results[0].workspaceSize = 1024
+        count[0] = min(requested, 3)
+        for i in range(count[0]):         # the second proposal is one the product cannot run
+            results[i].algo.data[0] = 42 + i
+            results[i].workspaceSize = 1024
+            results[i].state = 15 if i == 1 else 0
         return 0
 
     def cublasLtMatmul(self, handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, ws, size, stream):
@@ -289,7 +291,9 @@ def test_the_cffi_binding_writes_what_cublaslt_reads():
     assert lt.ffi.sizeof("cublasLtMatmulHeuristicResult_t") == 96     # cublasLt.h's struct
     plan = cublas.plan_matmul(_op((4, 7, 5), (35, 5, 1)), _op((4, 5, 3), (15, 1, 5)), _op((4, 7, 3), _contig((4, 7, 3))),
                               compute="tf32", epilogue="gelu_bias", bias="float32")
-    desc, la, lb, ld, algo = cublas.build(lt, plan, (256, 16, 8, 4), bias_ptr=0x5004)
+    desc, la, lb, ld, algos = cublas.build(lt, plan, (256, 16, 8, 4), bias_ptr=0x5004, requested=3)
+    assert len(algos) == 2                    # the proposals the heuristic returned with state 0
+    algo = algos[0]
     calls = lt.lib.calls
     assert ("set_desc", cublas.DESC_EPILOGUE, 36) in calls and ("set_desc", cublas.DESC_BIAS_POINTER, 0x5004) in calls
     assert ("set_desc", cublas.DESC_TRANSA, plan.trans_a) in calls and ("set_desc", cublas.DESC_BIAS_BATCH_STRIDE, 0) in calls
@@ -401,6 +405,31 @@ def test_choice_measures_both_and_records_the_winner(monkeypatch):
     off = cublas.MatmulChoice("mm_choice_0", key + " off", {"autotune": False})
     off.run(template, extern)
     assert off.chosen == "template"
+
+
+def test_the_fastest_of_the_heuristics_proposals_runs_and_is_recorded(monkeypatch):
+    class Proposals(FakeLt):            # four proposals; the third is the fastest
+        def heuristic(self, desc, a, b, d, prefs, requested=1):
+            self.calls.append(("heuristic", dict(prefs), requested))
+            return ["algo0", "algo1", "algo2", "algo3"][:requested]
+
+        def matmul(self, desc, a_ptr, a, b_ptr, b, d_ptr, d, algo, stream):
+            self.calls.append(("matmul", algo))
+    lt = Proposals()
+    monkeypatch.setattr(cuda, "interpreting", lambda: False)
+    monkeypatch.setattr(cuda, "get_device_properties", lambda: cuda.H200_PROPERTIES)
+    speed = {"algo0": 3.0, "algo1": 2.0, "algo2": 1.0, "algo3": 4.0}
+    monkeypatch.setattr(cublas.cuda, "median_ms", lambda run: (run(), speed[lt.calls[-1][1]])[1])
+    plan = cublas.plan_matmul(_op((7, 5), (5, 1)), _op((5, 3), (3, 1)), _op((7, 3), (3, 1)))
+    key = (plan, (256, 256, 256, np.random.default_rng().integers(1 << 30)))   # a fresh record
+    desc, la, lb, ld, algos = cublas.build(lt, plan, key[1], requested=cublas.ALGO_CANDIDATES)
+    assert cublas._pick_algorithm(lt, key, desc, (la, lb, ld), algos, (1, 2, 3, 0)) == "algo0"  # not measuring
+    monkeypatch.setattr(cublas, "_MEASURING", ["mm_choice_0"])
+    assert cublas._pick_algorithm(lt, key, desc, (la, lb, ld), algos, (1, 2, 3, 0)) == "algo2"
+    assert [c[1] for c in lt.calls if c[0] == "matmul"] == algos          # each timed once
+    monkeypatch.setattr(cublas.cuda, "median_ms", lambda run: pytest.fail("measured again"))
+    monkeypatch.setattr(cublas, "_MEASURING", [])
+    assert cublas._pick_algorithm(lt, key, desc, (la, lb, ld), algos, (1, 2, 3, 0)) == "algo2"  # the record
 
 
 # ---- on the GPU, with the real library ----

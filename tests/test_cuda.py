@@ -169,6 +169,48 @@ def test_compile_triton_sm90_without_gpu():
     assert info.global_scratch_size == 0 and info.shared >= 0
 
 
+_WARM = """
+import sys
+import triton
+import triton.language as tl
+from stax import cuda_triton
+
+@triton.jit
+def stax_test_copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+cuda_triton.warm_compiler()
+cuda_triton.warm_compiler()
+(thread,) = cuda_triton._warming
+assert thread.name == "stax-triton-setup" and thread.daemon
+cubin, info, name = cuda_triton.compile_triton(stax_test_copy, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32"},
+                                               {"BLOCK": 128}, cc=90)
+from triton.runtime.cache import triton_key
+assert not thread.is_alive() and cubin[:4] == b"\\x7fELF"
+print("misses", triton_key.cache_info().misses)
+"""
+
+
+def test_triton_setup_runs_early_on_a_thread_and_compiles_wait_for_it(tmp_path):
+    """Issue 14: `warm_compiler` (an artifact miss on the GPU calls it) hashes triton's files on a
+    thread while the kernels are lowered; a compile waits for it, so the 500 MB are hashed once.
+    Under the interpreter nothing starts (nothing compiles)."""
+    pytest.importorskip("triton")
+    script = tmp_path / "warm.py"
+    script.write_text(_WARM)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(_PATH.parent.parent), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["misses", "1"]
+    code = ("import sys; from stax import cuda_triton; cuda_triton.warm_compiler(); "
+            "assert cuda_triton._warming == [] and 'triton' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**env, "TRITON_INTERPRET": "1"}, cwd=str(_PATH.parent.parent))
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
 class _FakeLib:
     """Stands in for libcuda: records cuLaunchKernel's arguments (CPU test of the Launcher)."""
 

@@ -709,3 +709,17 @@ def test_gpu_graph_memory_released(rng):
     del x, w
     gc.collect()
     assert cuda.memory_stats()["allocated_bytes"] == before
+
+
+def test_one_kernel_split_is_replayed(fake, rng):
+    """§6.5 the OUTER split as one kernel: its counters stay zero between replays (each launch
+    resets them), so every replay combines again; new values each step at the same address."""
+    f = stax.compile(lambda x: x.sum(0) * 2, mode="reduce-overhead")
+    x = cuda_randn(rng, 2048, 160)
+    for _ in range(4):
+        x.copy_(stax.from_numpy(rng.standard_normal((2048, 160)).astype(np.float32)))
+        a = x.cpu().numpy().astype(np.float64)
+        assert_close(f(x).cpu(), a.sum(0) * 2, stax.float32, rtol=1e-4, atol=1e-4)
+    g = graphed(f)
+    assert g is not None and g.stats["replays"] == 3 and fake.graphs == 1
+    assert "split_counts_" in f.last_generated.wrapper

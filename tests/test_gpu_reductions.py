@@ -141,12 +141,17 @@ def test_outer_looped_form():
     assert "tl.load(in_ptr0 + (96*r0_1 + x0), r0_mask & xmask" in text
 
 
-def test_outer_split_form():
-    """Too few outputs for the SMs: two OUTER kernels, the partials laid out [splits, outputs]."""
+def test_outer_split_form(monkeypatch):
+    """Too few outputs for the SMs: the partials laid out [splits, outputs], combined by the last
+    split of each column block in the same kernel (§6.5); STAX_SPLIT_ONE_KERNEL=0: two OUTER kernels."""
+    gen = _check("sum", (2048, 160), (0,))
+    (text,) = _texts(gen)
+    assert "triton_red_fused_0" in text and "x1 = xindex % 160" in text
+    assert "tl.store(in_out_ptr0 + (160*x0 + x1)" in text and "triton_helpers.last_arrival(" in text
+    monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "0")
     gen = _check("sum", (2048, 160), (0,))
     first, second = _texts(gen)
-    assert "triton_red_fused_0" in first and "x1 = xindex % 160" in first
-    assert "tl.store(out_ptr0 + (160*x0 + x1)" in first
+    assert "triton_red_fused_0" in first and "tl.store(out_ptr0 + (160*x0 + x1)" in first
     assert "triton_per_fused_1" in second and "ReductionHint.OUTER" in second
 
 
@@ -209,7 +214,9 @@ def test_var_in_pieces_outer_and_inner():
     assert_close(var.cpu(), A.var(0, ddof=1), stax.float32, rtol=2e-5)
     assert_close(mean.cpu(), A.mean(0), stax.float32)
     texts = _texts(cf.last_generated)
-    assert len(texts) == 2 and "triton_per_fused_0" in texts[0] and "ReductionHint.OUTER" in texts[0]
+    # (the pieces and their combine: one kernel, §6.5)
+    assert len(texts) == 1 and "triton_per_fused_0" in texts[0] and "ReductionHint.OUTER" in texts[0]
+    assert "triton_helpers.last_arrival(" in texts[0]
     b = (5 + 3 * rng.standard_normal((8, 3, 65, 65))).astype(np.float32)    # 8 pieces of 65 x 65
     cf = stax.compile(lambda t: (t.mean((0, 2, 3)), t.var((0, 2, 3), unbiased=False)))
     mean, var = cf(stax.tensor(b).to("cuda"))

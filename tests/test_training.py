@@ -372,3 +372,34 @@ def test_gpt2_block_gradients_match_eager(rng):
     assert f.stats["eager_calls"] == 0 and logits.requires_grad
     for k, v in p.items():
         assert_close(v.grad, eager[k], stax.float32, msg=k)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_cross_entropy_backward_is_one_pass_over_the_logits(device, rng, monkeypatch):
+    """An LM head's loss: the logits' gradient (softmax - one-hot) / valid rows is one kernel, with
+    the target's one-hot a pointwise compare (no zeros (N, V) tensor scattered into), stored once
+    and read by both GEMMs (the weight's gradient reads it transposed, in place)."""
+    if device == "cuda":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import stax.nn.functional as F
+    n, c, v = 12, 8, 37
+    h, w = _t(rng, n, c, device=device), _t(rng, v, c, device=device)
+    t_np = rng.integers(0, v, (n,))
+    t_np[[2, 7]] = 3                                   # two ignored rows
+    t = stax.from_numpy(t_np).to(device)
+    fn = lambda h, w, t: F.cross_entropy(F.linear(h, w), t, ignore_index=3)   # noqa: E731
+    gen = stax.generate(fn, h, w, t)
+    assert len([k for k in gen.backward.kernels if "_tem_" not in k]) == 1
+    assert "index_put" not in gen.backward.wrapper and "scatter" not in " ".join(gen.backward.kernels.values())
+    f = check(fn, h, w, t)
+    assert f.stats["compiles"] == 1
+    H, W = h.detach().cpu().numpy().astype(np.float64), w.detach().cpu().numpy().astype(np.float64)
+    x = H @ W.T
+    p = np.exp(x - x.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    valid = t_np != 3
+    g = (p - np.eye(v)[t_np]) * valid[:, None] / valid.sum()
+    hc, wc = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    stax.compile(fn)(hc, wc, t).backward()
+    np.testing.assert_allclose(hc.grad.cpu().numpy(), g @ W, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(wc.grad.cpu().numpy(), g.T @ H, rtol=1e-4, atol=1e-6)

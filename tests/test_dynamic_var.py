@@ -1,0 +1,149 @@
+"""§6.5 + §10.3: var/std (and batch-norm statistics) in pieces read once under symbolic sizes.
+
+One artifact compiled at a hint long enough to cut the deviations in pieces (lower.chunk_deviations:
+the piece is chosen at the hint, the piece count is a run-time expression, the last piece ragged
+and masked) must equal float64 numpy at every later size: 2..20, primes, 1000, 8193, fewer rows
+than one piece, exactly one piece, one piece + 1, on the CPU and through Triton (the interpreter
+when there is no GPU). Then the form itself: two kernels (the pieces, then Chan's combine), the
+mask kept for the ragged piece, the CPU's row-uniform bound check tested once per block, and the
+Triton kernels building for sm_90.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stax
+from stax import codegen_cpp, codegen_triton
+from conftest import assert_close
+
+CPU_PIECE = codegen_cpp.deviation_piece(37, 10 ** 6, True)        # rows per piece of a column var
+GPU_PIECE = codegen_triton.deviation_piece(37, 10 ** 6, True)
+
+
+def _sizes(piece):
+    small = list(range(2, 21)) + [23, 31, 97, 127, 131, 257, 1000, 1009, 8193]
+    return sorted(set(small + [piece - 1, piece, piece + 1, 2 * piece, 2 * piece + 1]))
+
+
+def _data(rng, shape, dtype=np.float32):
+    return (1e3 + 3 * rng.standard_normal(shape)).astype(dtype)
+
+
+def _run(compiled, a, device):
+    x = stax.tensor(a)
+    out = compiled(x.to("cuda") if device == "cuda" else x)
+    return [np.asarray(o.cpu() if device == "cuda" else o).astype(np.float64) for o in out]
+
+
+def _texts(gen):
+    return "\n".join(gen.kernels.values()), gen.wrapper
+
+
+# ---- var / std over dim 0: one artifact, every size ----
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero", "ignore:invalid value")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_var_std_dim0_equal_numpy_at_every_size(rng, device):
+    piece = CPU_PIECE if device == "cpu" else GPU_PIECE
+    fn = lambda x: (x.var(0), x.std(0), x.var(0, correction=0), x.var(0, correction=2), x.mean(0))  # noqa: E731
+    compiled = stax.compile(fn, dynamic=True)
+    hint = 40 * piece + 3                    # many pieces, the last one ragged
+    sizes = [hint] + _sizes(piece) if device == "cpu" else [hint, 2, 7, 13, piece - 1, piece, piece + 1, 257]
+    for n in sizes:
+        cols = 37 if device == "cpu" else 19
+        a = _data(rng, (n, cols))
+        A = a.astype(np.float64)
+        got = _run(compiled, a, device)
+        with np.errstate(divide="ignore", invalid="ignore"):      # n = 2, correction 2: inf as eager
+            want = (A.var(0, ddof=1), A.std(0, ddof=1), A.var(0), A.var(0, ddof=2), A.mean(0))
+        for g, w in zip(got, want):
+            assert_close(g, w, "float32", rtol=1e-4)
+    assert compiled.stats["compiles"] == 1 and compiled.stats["eager_calls"] == 0, compiled.stats
+    kernels, wrapper = _texts(compiled.last_generated)
+    launches = wrapper.count("kernels.cpp_fused_") if device == "cpu" else wrapper.count(".run(")
+    assert launches == 2, wrapper                          # the pieces, then the combine
+    assert f"(s0 + {piece - 1})" in wrapper                  # a run-time piece count: no guard
+    if device == "cpu":
+        assert "if (!(" in kernels                          # the ragged piece keeps its mask
+        assert f"{piece}*x0 + {piece - 1} < s0" in kernels     # ... tested once per block elsewhere
+    else:
+        assert "xmask & tmp" in kernels                     # the ragged piece's loads masked
+        first = next(iter(compiled.last_generated.kernels.values()))
+        assert first.count("tl.load(in_ptr0 + (r0_") == 1, first   # each piece read once: the
+        # deviations' masked body reuses the sum's masked loads (TritonPrinter.masked)
+
+
+# ---- batch-norm statistics over (0, 2, 3) of NCHW ----
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_batch_norm_statistics_equal_numpy_at_every_size(rng, device):
+    fn = lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3)), x.std((0, 2, 3), correction=0))  # noqa: E731
+    compiled = stax.compile(fn, dynamic=True)
+    if device == "cpu":       # pieces of 45 images of 9 x 10 (4096 // 90); the hint ragged
+        shapes = [(1000, 3, 9, 10), (2, 3, 9, 10), (44, 3, 9, 10), (45, 3, 9, 10), (46, 3, 9, 10),
+                  (91, 3, 9, 10), (13, 5, 4, 6), (1009, 2, 7, 11), (8193, 2, 3, 5)]
+    else:                     # pieces of 11 images (1024 // 90)
+        shapes = [(400, 3, 9, 10), (2, 3, 9, 10), (10, 3, 9, 10), (11, 3, 9, 10), (12, 3, 9, 10),
+                  (37, 2, 7, 11), (13, 5, 4, 6)]
+    for shape in shapes:
+        a = _data(rng, shape)
+        A = a.astype(np.float64)
+        got = _run(compiled, a, device)
+        want = (A.mean((0, 2, 3)), A.var((0, 2, 3), ddof=1), A.std((0, 2, 3)))
+        for g, w in zip(got, want):
+            assert_close(g, w, "float32", rtol=1e-4)
+    assert compiled.stats["compiles"] == 1 and compiled.stats["eager_calls"] == 0, compiled.stats
+    _, wrapper = _texts(compiled.last_generated)
+    launches = wrapper.count("kernels.cpp_fused_") if device == "cpu" else wrapper.count(".run(")
+    assert launches == 2, wrapper
+
+
+def test_var_non_contiguous_half_and_long_rows(rng):
+    """A transposed input (the pieces read strided), float16 (computed in float32) and layer_norm
+    over rows longer than the CPU's one-read bound (pieces along the row itself)."""
+    compiled = stax.compile(lambda x: (x.t().var(1), x.t().std(1, correction=0)), dynamic=True)
+    for n in (1000, 7, 128, 129, 1001):
+        a = _data(rng, (n, 21))
+        A = a.astype(np.float64)
+        v, s = _run(compiled, a, "cpu")
+        assert_close(v, A.var(0, ddof=1), "float32", rtol=1e-4)
+        assert_close(s, A.std(0), "float32", rtol=1e-4)
+    assert compiled.stats["compiles"] == 1
+    half = stax.compile(lambda x: x.var(0), dynamic=True)
+    for n in (1000, 5, 129):
+        a = _data(rng, (n, 9), np.float16)
+        got = np.asarray(half(stax.tensor(a)).float())
+        assert_close(got, a.astype(np.float64).var(0, ddof=1), "float16")
+    ln = stax.compile(lambda x: stax.layer_norm(x, (x.shape[-1],)), dynamic=True)
+    for m in (70001, 4095, 4097, 9000):
+        a = _data(rng, (3, m))
+        A = a.astype(np.float64)
+        want = (A - A.mean(1, keepdims=True)) / np.sqrt(A.var(1, keepdims=True) + 1e-5)
+        assert_close(np.asarray(ln(stax.tensor(a))), want, "float32", rtol=1e-3, atol=1e-3)
+    assert ln.stats["compiles"] == 1
+
+
+def test_triton_var_pieces_build_for_sm90():
+    """The dynamic pieces' kernels (masked, sizes as parameters) build for sm_90, in a process
+    of its own (this one may run Triton's interpreter)."""
+    compiled = stax.compile(lambda x: (x.var(0), x.mean(0)), dynamic=True)
+    compiled(stax.randn(2000, 33).to("cuda"))
+    gen = compiled.last_generated
+    assert len(gen.kernels) == 2
+    script = (
+        "import json, sys\n"
+        "from stax.triton_heuristics import kernel_from_source\n"
+        "for name, src in json.loads(sys.argv[1]):\n"
+        "    cubin, info, _ = kernel_from_source(name, src).compile_for(90)\n"
+        "    assert cubin[:4] == b'\\x7fELF', name\n"
+        "print('built')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(list(gen.kernels.items()))],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and "built" in out.stdout, out.stderr[-2000:]
