@@ -11,7 +11,7 @@ as sizes, the float arguments passed at run time, and the words the recompiles l
 Where to look:
   - `key_of`, `rank_key_of`, `family_key_of`  the three keys (§2, §10.4 dynamic, automatic dynamic)
   - `sized_ints`, `dynamic_dims` ............ int arguments as sizes; which dims become symbols
-  - `floats_of`, `Rekey` .................... float arguments passed at run time (§10.4)
+  - `floats_of`, `scalar_key`, `Rekey` ...... float arguments passed at run time (§10.4)
   - `mark_dynamic`, `mark_static` ........... PyTorch's marks on a tensor
   - `describe_change` ....................... which guard failed, in words (STAX_LOGS=recompiles)
   - `LastCall` .............................. the memo of the last call's tensors (the host path
@@ -106,6 +106,19 @@ def floats_of(args, kwargs) -> list:
     if kwargs:
         out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.float]
     return out
+
+
+def scalar_key(key, args, kwargs, scalars) -> tuple:
+    """`key` with each run-time float argument (`scalars`: positions and keywords) keyed as
+    ("scalar",), whatever its value (§10.4)."""
+    key, names = list(key), sorted(kwargs) if kwargs else []
+    for where in scalars:
+        if isinstance(where, str):
+            if kwargs and kwargs.get(where).__class__ is builtins.float:
+                key[len(args) + names.index(where)] = (where, ("scalar",))
+        elif where < len(args) and args[where].__class__ is builtins.float:
+            key[where] = ("scalar",)
+    return tuple(key)
 
 
 def arg_at(args, kwargs, where):
