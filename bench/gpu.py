@@ -693,7 +693,8 @@ def launch_bound():
     """Default mode, reduce-overhead, torch.compile and torch.compile(mode='reduce-overhead'):
     µs per call and host µs per call; for Stax's graphs also the host µs of one replay (condition 2
     + cuGraphLaunch + the output tensors) and of the bare cuGraphLaunch."""
-    rows = []
+    import host_path                    # (bench/: the stage breakdown, as host_path.py prints it on the CPU)
+    rows, stage_rows = [], {}
     for name, (fn, tfn, arrays, dt) in launch_bound_inputs(np.random.default_rng(0)).items():
         args = [stax.from_numpy(a.astype(np.float32)).to("cuda").to(getattr(stax, dt)) for a in arrays]
         row = {"workload": name}
@@ -710,6 +711,9 @@ def launch_bound():
             row["replay_host_us"] = _host_us(lambda *a: g(list(a)), args, cuda.synchronize)
             row["cuGraphLaunch_host_us"] = _host_us(g.rec.graph.replay, [], cuda.synchronize)
             row["graph_stats"] = dict(g.stats)
+            batches = [stax.from_numpy(arrays[0].astype(np.float32)).to("cuda").to(getattr(stax, dt))
+                       for _ in range(4)]          # (after the rows above: a new batch records once more)
+            stage_rows[name] = host_path.stages(f, args, batches, lambda fn, a: _host_us(fn, a, cuda.synchronize))
         else:
             row["graph_stats"] = "NOT WRAPPED (STAX_LOGS=cudagraphs says why)"
         row["max_abs_diff_vs_default"] = float(np.nanmax(np.abs(outs["reduce-overhead"] - outs["default"])))
@@ -727,6 +731,10 @@ def launch_bound():
               f"{r.get('replay_host_us', nan):.1f} | {r.get('cuGraphLaunch_host_us', nan):.1f} |")
     print("targets (issue 13): mlp_bf16_b8 <= 40 µs with reduce-overhead (<= 0.55x torch's reduce-overhead), "
           "chain20_64x64 <= 12 µs, host time per replay <= 5 µs")
+    if stage_rows:
+        print("\nreduce-overhead host path by stage (bench/host_path.py `stages`; GraphedCall(args) is "
+              "replay_host_us):")
+        host_path.print_stages(stage_rows)
     return rows
 
 

@@ -43,7 +43,7 @@ from . import capture as _capture
 from .specialize import (Rekey, arg_at, describe_change, describe_dims, dynamic_dims,  # noqa: F401
                          dynamic_inputs, family_key_of, floats_of, key_of, mark_dynamic, mark_static,
                          rank_key_of, sized_ints, user_stacklevel)
-from .specialize import LastCall as _LastCall
+from .specialize import LastCall as _LastCall, scalar_key as _scalar_key
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
 from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
@@ -448,7 +448,7 @@ class CompiledFunction:
         if kwargs:
             key += tuple((k, key_of(v)) for k, v in sorted(kwargs.items()))
         if self.scalars and not train:          # run-time floats: any value (§10.4)
-            key = self._scalar_key(key, args, kwargs)
+            key = _scalar_key(key, args, kwargs, tuple(self.scalars))   # (another thread may add one)
         if self.ndarrays:                       # which tensors are ndarray arguments (numpy_args.py)
             key += (("ndarrays",) + _capture.ndarray_marks(args, kwargs),)
         if alias is not None:                   # which tensor inputs share memory, and how
@@ -457,16 +457,6 @@ class CompiledFunction:
             call = (args, kwargs)
             key += (("reads",) + tuple([_guard_key(r.value(call), lifted) for r in self.reads]),)
         return key
-
-    def _scalar_key(self, key, args, kwargs):
-        key, names = list(key), sorted(kwargs) if kwargs else []
-        for where in tuple(self.scalars):   # (another thread may add one meanwhile)
-            if isinstance(where, str):
-                if kwargs and kwargs.get(where).__class__ is builtins.float:
-                    key[len(args) + names.index(where)] = (where, ("scalar",))
-            elif where < len(args) and args[where].__class__ is builtins.float:
-                key[where] = ("scalar",)
-        return tuple(key)
 
     def _note_floats(self, floats):
         """§10.4: a float argument is passed to the kernels at run time from its first call
@@ -553,12 +543,16 @@ class CompiledFunction:
             self._fast = _LastCall(args, self.reads, live, key, entry, alias)
 
     def _call_again(self, fast, args):
-        """The call with the very tensors of the last one: their key, aliasing and guards are the
-        last call's; what can change between calls is checked again (the tracer, grad, the matmul
-        precision, the values the function reads besides its arguments). _MISS: the full path."""
-        if not fast.same(args, autograd._mode.enabled) or fast.reads is not self.reads or \
-                current_tracer() is not None or _tuning._precision[0] is not self._precision:
+        """The call with the very tensors of the last one, or with some replaced by tensors of the
+        same layout (`LastCall.similar`): their key, aliasing and guards are the last call's; what
+        can change between calls is checked again (the tracer, grad, the matmul precision, the
+        values the function reads besides its arguments). _MISS: the full path."""
+        if fast.reads is not self.reads or current_tracer() is not None or _tuning._precision[0] is not self._precision:
             return _MISS
+        if not fast.same(args, autograd._mode.enabled):     # a new batch: its own memo if its key is the same
+            if (fast := fast.similar(args, autograd._mode.enabled, self.ndarrays)) is None:
+                return _MISS
+            self._fast = fast
         lifted = []
         if fast.live and tuple([_guard_key(r.value((args, {})), lifted) for r in fast.live]) != fast.key:
             return _MISS

@@ -345,7 +345,7 @@ def _scatter_into(base, value, view_ops):
 # tensors and a call with aliased ones get different specializations.
 
 
-def _memory(storage) -> tuple:
+def storage_memory(storage) -> tuple:
     """(first byte, end byte) of a storage's memory; cached on it (a storage never moves)."""
     mem = storage.__dict__.get("_mem")
     if mem is None:
@@ -400,7 +400,7 @@ def aliasing(tensors: list):
     else the groups of those that do (a size-0 tensor shares nothing)."""
     if len(tensors) < 2:
         return None
-    spans = sorted((_memory(t._storage), p) for p, t in enumerate(tensors)
+    spans = sorted((storage_memory(t._storage), p) for p, t in enumerate(tensors)
                    if t._storage is not None and 0 not in t._meta.shape)
     groups, hi = [], None
     for (lo2, hi2), p in spans:
@@ -420,11 +420,11 @@ def _alias_group(tensors, positions) -> AliasGroup:
     if any(t.dtype is not ts[0].dtype for t in ts):
         return unexpressible
     isz = ts[0].dtype.itemsize
-    org = min(_memory(t._storage)[0] for t in ts)
-    total = (max(_memory(t._storage)[1] for t in ts) - org) // isz
+    org = min(storage_memory(t._storage)[0] for t in ts)
+    total = (max(storage_memory(t._storage)[1] for t in ts) - org) // isz
     needs = []
     for t in ts:
-        byte = _memory(t._storage)[0] - org + t._meta.offset * isz
+        byte = storage_memory(t._storage)[0] - org + t._meta.offset * isz
         need = None if byte % isz else _view_chain(t.shape, t.stride(), byte // isz, total)
         if need is None:
             return unexpressible
@@ -432,7 +432,7 @@ def _alias_group(tensors, positions) -> AliasGroup:
     lo, hi = min(a for a, _, _ in needs), max(a + n for a, n, _ in needs)
     chains = tuple(tuple(([("slice", (("dim", 0), ("start", a - lo), ("end", a - lo + n), ("step", 1)))]
                           if (a - lo, n) != (0, hi - lo) else []) + chain) for a, n, chain in needs)
-    first = min(ts, key=lambda t: _memory(t._storage)[0])
+    first = min(ts, key=lambda t: storage_memory(t._storage)[0])
     storage = first._storage
     if any(t._storage is not storage for t in ts):      # one memory, several Storage objects
         if storage.device != "cpu":

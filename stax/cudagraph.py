@@ -33,6 +33,8 @@ Where to look:
   - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
+  - `same_tensors` ............ the generated identity check of a call's tensors (the host path
+                                of the same tensors again, here and in `specialize.LastCall`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
@@ -268,6 +270,32 @@ def mutated_positions(graph) -> frozenset:
     return frozenset(i for i, n in enumerate(graph.inputs) if n.name in names)
 
 
+_SAME: dict = {}            # arity -> the factory of `same_tensors`' checks (compiled once per arity)
+
+
+def same_tensors(tensors):
+    """`same(args, grad)`: whether `args` (as many as `tensors`) are these very tensors, in order,
+    and, when `grad`, none of them requires grad now (what `specialize.LastCall` adds). Generated
+    straight-line code, one `is` per input: issue 13's host time per replay, where a loop over 17
+    inputs cost about three times as much. The check holds the tensors (a recording does anyway)."""
+    n = len(tensors)
+    make = _SAME.get(n)
+    if make is None:
+        ps, xs = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)]
+        body = (f"        {', '.join(xs)}, = args\n"
+                f"        if {' or '.join(f'{a} is not {p}' for a, p in zip(xs, ps))}:\n"
+                "            return False\n"
+                f"        return not grad or not ({' or '.join(f'{a}.requires_grad' for a in xs)})\n"
+                if n else "        return True\n")
+        src = (f"def make({', '.join(ps)}):\n    def same(args, grad):\n"
+               f"        \"\"\"The {n} tensors of one call again? (cudagraph.same_tensors)\"\"\"\n"
+               f"{body}    return same\n")
+        scope: dict = {}
+        exec(compile(src, f"<stax same_tensors/{n}>", "exec"), scope)
+        make = _SAME.setdefault(n, scope["make"])
+    return make(*tensors)
+
+
 # ---- §9.9 Recording: one captured launch sequence and what it holds alive ----
 
 
@@ -291,7 +319,9 @@ class Recording:
         # per position, the last call's (storage, meta, data pointer): a tensor passed again
         # (storage and layout objects identical, so the same address) skips its checks
         self.seen = [None] * self.n
-        self.again = None                  # (the last call's tensors, their copies): all known
+        # [the last call's tensors, their copies, same_tensors of them (made on their first repeat)]
+        # when all were known: the same tensors again pass condition 2 whole
+        self.again = None
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
         self.outs = outs
@@ -313,8 +343,9 @@ class Recording:
                 if k == len(self.owned):
                     self.owned.append(o._storage.data)
                 self.plan.append((k, o._meta))
-        # the common case, one output over one graph-owned buffer: its layout, else None
-        self.single = self.plan[0][1] if len(self.plan) == 1 and self.plan[0][0] == 0 else None
+        # the common case, one output over one graph-owned buffer: (that buffer, its layout)
+        self.single = (self.owned[0], self.plan[0][1]) if len(self.plan) == 1 and self.plan[0][0] == 0 else None
+        self.launch = graph.replay             # (bound once: the replay's one driver call)
 
     def owned_ptrs(self) -> list:
         arrays = self.owned + [a for a, _ in self.staged.values()]
@@ -322,19 +353,20 @@ class Recording:
 
     def outputs(self, cell: _Generation) -> tuple:
         """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
-        make, owned = Tensor._fresh, self.owned
-        if len(owned) == 1:                # the common case: one graph-owned buffer
+        single = self.single
+        if single is not None:             # the common case: one output, one graph-owned buffer
             a = _new(GraphOutputArray)     # (GraphOutputArray(owned[0], cell), without __init__'s call)
-            a._array, a._cell, a._gen = owned[0], cell, cell.value
-            s = Storage(a, "cuda")
-            if self.single is not None:
-                return (make(s, self.single),)
+            a._array, a._cell, a._gen = single[0], cell, cell.value
+            return (Tensor._fresh(Storage(a, "cuda"), single[1]),)
+        make, owned = Tensor._fresh, self.owned
+        if len(owned) == 1:                # one graph-owned buffer, several views of it
+            s = Storage(GraphOutputArray(owned[0], cell), "cuda")
             return tuple([v if k is None else make(s, v) for k, v in self.plan])
         storages = [Storage(GraphOutputArray(a, cell), "cuda") for a in owned]
         return tuple([v if k is None else make(storages[k], v) for k, v in self.plan])
 
     def close(self) -> None:
-        self.graph = self.outs = self.inputs = None
+        self.graph = self.outs = self.inputs = self.launch = None
         self.owned, self.staged, self.plan, self.seen, self.again = [], {}, [], [None] * self.n, None
         self.single = None
         if self.pool is not None:
@@ -412,10 +444,17 @@ class GraphedCall:
         self.last = None              # the last call's `Recording.again`, if it passed condition 2 whole
         self.staged_positions = set()
         self.broken = None            # the driver's error, once recording or replay failed
-        self.cell = _Generation(name)
+        self.cell = _Generation(name)     # its value counts the replays (`stats`)
         self.noted = set()            # log lines already given (each once)
-        self.stats = {"direct": 0, "records": 0, "replays": 0, "copies": 0}
+        self.counts = {"direct": 0, "records": 0, "copies": 0}
+        # One lock per call (uncontended: ~0.05 µs): two threads replaying at once would otherwise
+        # interleave "replay, stamp the outputs" and hand one thread the other's values unchecked.
         self._lock = threading.Lock()
+
+    @property
+    def stats(self) -> dict:
+        """Calls run directly, recordings, replays, inputs copied in (and outputs kept)."""
+        return dict(self.counts, replays=self.cell.value)
 
     def __call__(self, args):
         with self._lock:
@@ -444,9 +483,13 @@ class GraphedCall:
         if rec is None or len(args) != rec.n:
             return self._slow(args)
         again = rec.again
-        if again is not None and all(map(_is, args, again[0])):
-            self.last = again
-            return self._replay(rec, args, again[1])     # the last call's very tensors
+        if again is not None:
+            check = again[2]
+            if check is None and all(map(_is, args, again[0])):     # their first repeat (a new
+                check = again[2] = same_tensors(again[0])             # batch each call makes none)
+            if check is not None and check(args, False):
+                self.last = again
+                return self._replay(rec, args, again[1])     # the last call's very tensors
         copies, seen, known = [], rec.seen, True
         for i, t in enumerate(args):
             st, m = t._storage, t._meta
@@ -466,7 +509,7 @@ class GraphedCall:
                 copies.append((rec.ptrs[i], p, rec.staged[i][1]))
         # a tensor's storage and layout never change, so the same tensors pass condition 2
         # again with the same copies: one identity test per input next time
-        rec.again = self.last = (tuple(args), copies) if known else None
+        rec.again = self.last = [tuple(args), copies, None] if known else None
         return self._replay(rec, args, copies)
 
     @property
@@ -484,15 +527,14 @@ class GraphedCall:
                 for dst, src, nbytes in copies:
                     if nbytes:
                         copy(dst, src, nbytes)
-            rec.graph.replay()
+            rec.launch()
         except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
             self._break("replaying", e)
             return self._direct(args)
-        cell, stats = self.cell, self.stats
+        cell = self.cell
         cell.value += 1               # every output of earlier replays is now overwritten
-        stats["replays"] += 1
         if copies:
-            stats["copies"] += len(copies)
+            self.counts["copies"] += len(copies)
         outs = rec.outputs(cell)
         if self.held is not None:
             self.held = [weakref.ref(t._storage.data) for t in outs
@@ -510,13 +552,13 @@ class GraphedCall:
                 array.keep(_DRIVER)
                 kept += 1
         if kept:
-            self.stats["kept"] = self.stats.get("kept", 0) + kept
+            self.counts["kept"] = self.counts.get("kept", 0) + kept
             self._note("kept", f"{self.name}: {kept} output(s) of the last replay were still referenced "
                        "(a gradient kept in .grad): copied out of the graph's memory before the next "
                        "replay, so they keep their values")
 
     def _direct(self, args):
-        self.stats["direct"] += 1
+        self.counts["direct"] += 1
         return self.call(list(args))       # (a list: the wrapper clears it; `replay_again` has a tuple)
 
     def _note(self, what: str, text: str) -> None:
@@ -582,7 +624,7 @@ class GraphedCall:
             self._break("recording", e)
             return self._direct(args)
         self.rec = rec
-        self.stats["records"] += 1
+        self.counts["records"] += 1
         self._note("recorded", f"{self.name}: recorded a CUDA graph ({rec.n} inputs, "
                    f"{len(rec.staged)} copied into graph-owned buffers each call)")
         copies = [(rec.ptrs[i], t.data_ptr(), rec.staged[i][1]) for i, t in enumerate(args) if i in rec.staged]

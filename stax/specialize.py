@@ -1,8 +1,8 @@
 """§2 The specialization key: what a compiled artifact is reused under, and §10.4's bookkeeping.
 
-Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`) and the front end
-(`capture`); `stax.compile` (`CompiledFunction`) builds its keys and automatic-dynamic decisions
-from these functions.
+Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`), the front end
+(`capture`) and `cudagraph` (its generated identity check, for `LastCall`); `stax.compile`
+(`CompiledFunction`) builds its keys and automatic-dynamic decisions from these functions.
 
 Consumes a call's arguments; produces hashable keys (static: dtypes, devices, shapes, strides;
 dynamic: ranks and the 0/1 sizes; a family key for automatic dynamic), the int arguments carried
@@ -11,7 +11,7 @@ as sizes, the float arguments passed at run time, and the words the recompiles l
 Where to look:
   - `key_of`, `rank_key_of`, `family_key_of`  the three keys (§2, §10.4 dynamic, automatic dynamic)
   - `sized_ints`, `dynamic_dims` ............ int arguments as sizes; which dims become symbols
-  - `floats_of`, `Rekey` .................... float arguments passed at run time (§10.4)
+  - `floats_of`, `scalar_key`, `Rekey` ...... float arguments passed at run time (§10.4)
   - `mark_dynamic`, `mark_static` ........... PyTorch's marks on a tensor
   - `describe_change` ....................... which guard failed, in words (STAX_LOGS=recompiles)
   - `LastCall` .............................. the memo of the last call's tensors (the host path
@@ -28,7 +28,7 @@ from operator import call as _call, is_ as _is
 
 import numpy as np
 
-from . import capture as _capture
+from . import capture as _capture, cudagraph as _cudagraph
 from .dtypes import bool_ as _bool
 from .tensor import Meta, Storage, Tensor
 
@@ -106,6 +106,19 @@ def floats_of(args, kwargs) -> list:
     if kwargs:
         out += [(k, kwargs[k]) for k in sorted(kwargs) if kwargs[k].__class__ is builtins.float]
     return out
+
+
+def scalar_key(key, args, kwargs, scalars) -> tuple:
+    """`key` with each run-time float argument (`scalars`: positions and keywords) keyed as
+    ("scalar",), whatever its value (§10.4)."""
+    key, names = list(key), sorted(kwargs) if kwargs else []
+    for where in scalars:
+        if isinstance(where, str):
+            if kwargs and kwargs.get(where).__class__ is builtins.float:
+                key[len(args) + names.index(where)] = (where, ("scalar",))
+        elif where < len(args) and args[where].__class__ is builtins.float:
+            key[where] = ("scalar",)
+    return tuple(key)
 
 
 def arg_at(args, kwargs, where):
@@ -192,6 +205,14 @@ def describe_change(old, new) -> str:
 
 # ---- §2 The last call again: a key decided without being built (host time per call) ----
 
+_new = object.__new__
+
+
+def _span(t):
+    """The memory of `t`'s storage, as the key's aliasing test sees it (None: no elements)."""
+    return None if 0 in t._meta.shape or t._storage is None else _capture.storage_memory(t._storage)
+
+
 
 class LastCall:
     """The last call's tensors, held weakly, and what `CompiledFunction` decided for them (the
@@ -203,27 +224,80 @@ class LastCall:
     `run` is the entry's call without `_run`'s general steps, for an entry that needs none of
     them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
     (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
-    that call passed its condition 2 whole: these are the same tensors, so it replays at once."""
-    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again")
+    that call passed its condition 2 whole: these are the same tensors, so it replays at once.
+    While it holds a token (which holds the tensors), `same`, once it passed, is a generated
+    check (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
+    __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again",
+                 "check", "metas", "spans")
 
     def __init__(self, args, reads, live, key, entry, alias):
         self.refs = tuple([weakref.ref(a) for a in args])
+        self.metas, self.spans = tuple([a._meta for a in args]), None
         self.reads, self.live, self.key, self.entry, self.alias = reads, live, key, entry, alias
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
         self.call = call if flat is True and not lifts and not floats and alias is None else None
-        self.again, self.token = getattr(self.call, "call_with_token", None), None
+        self.again, self.token, self.check = getattr(self.call, "call_with_token", None), None, None
 
     def same(self, args, grad_enabled) -> bool:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
         if len(args) != len(self.refs):
             return False
+        check = self.check
+        if check is not None:
+            return check(args, grad_enabled)
         if grad_enabled:
             for a, r in zip(args, self.refs):
                 if r() is not a or a.requires_grad:
                     return False
-            return True
-        return all(map(_is, args, map(_call, self.refs)))
+        elif not all(map(_is, args, map(_call, self.refs))):
+            return False
+        if self.token is not None:            # (which holds them): one generated check from now on
+            self.check = _cudagraph.same_tensors(self.token[0][:len(args)])
+        return True
+
+    def similar(self, args, grad_enabled, ndarrays=False):
+        """A LastCall of `args`' own (`rebound`) when they are the last call's tensors with some
+        replaced (a new batch) and their key would be the last call's: each new one a plain
+        tensor with the very dtype, device, sizes and strides of the one it replaces, none of
+        `args` requiring grad (under grad mode), no two of them sharing memory (the key's
+        aliasing part stays None: the last call had none). None otherwise, or when the function
+        was ever given ndarrays (`ndarrays`: their marks are in the key): the full path decides."""
+        refs, metas = self.refs, self.metas
+        if ndarrays or len(args) != len(refs) or self.alias is not None:
+            return None
+        changed = [i for i, a, r in zip(range(len(refs)), args, refs) if r() is not a]
+        for i in changed:
+            t, o = args[i], metas[i]
+            if t.__class__ is not Tensor or "_ndarray" in t.__dict__:
+                return None
+            m = t._meta
+            if m.shape != o.shape or m.stride != o.stride or m.dtype.name != o.dtype.name or m.device != o.device:
+                return None
+        if grad_enabled and builtins.any([a.requires_grad for a in args]):
+            return None
+        # (the unchanged positions hold the last call's tensors: their spans are the last call's)
+        spans = list(self.spans) if self.spans is not None else [_span(a) for a in args]
+        for i in changed:
+            spans[i] = _span(args[i])
+        for i in changed:
+            if spans[i] is not None:
+                lo, hi = spans[i]
+                if builtins.any(s is not None and s[0] < hi and lo < s[1] for j, s in enumerate(spans) if j != i):
+                    return None
+        return self.rebound(args, changed, tuple(spans))
+
+    def rebound(self, args, changed, spans):
+        """This decision for `args` (`similar` said it holds): a LastCall of their own, since a
+        token belongs to the tensors it was given for."""
+        new = _new(LastCall)
+        for k in LastCall.__slots__:
+            setattr(new, k, getattr(self, k))
+        refs, metas = list(self.refs), list(self.metas)
+        for i in changed:
+            refs[i], metas[i] = weakref.ref(args[i]), args[i]._meta
+        new.refs, new.metas, new.spans, new.token, new.check = tuple(refs), tuple(metas), spans, None, None
+        return new
 
     def run(self, args):
         outs = None
@@ -234,7 +308,9 @@ class LastCall:
             if self.again is None:
                 outs = self.call(inputs)
             else:
-                outs, self.token = self.again(inputs)
+                outs, token = self.again(inputs)
+                if token is not self.token:   # (token[0]: these args, then the constants)
+                    self.token, self.check = token, None
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))

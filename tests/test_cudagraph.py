@@ -334,6 +334,122 @@ def test_the_last_calls_token_is_that_calls_own(fake, rng):
     assert_close(x1.cpu(), keep1.astype(np.float64) + 2 * np.asarray(y.cpu(), np.float64), stax.float32)
 
 
+def many(x, *params):                    # issue 13's input count: x, then 4 layers of w, b, gamma, beta
+    h = x
+    for p in params:
+        h = h * 0.5 + p
+    return stax.sin(h)
+
+
+def many_ref(x, *params):
+    h = np.asarray(x.cpu(), np.float64)
+    for p in params:
+        h = h * 0.5 + np.asarray(p.cpu(), np.float64)
+    return np.sin(h)
+
+
+def test_same_tensors_check_sees_every_position():
+    """`cudagraph.same_tensors`: the generated check fails on another tensor in any position
+    (the first, a middle one, the 17th), and under grad on a tensor that requires grad now."""
+    ts = [stax.zeros(3) for _ in range(17)]
+    same = cudagraph.same_tensors(ts)
+    assert same(list(ts), True) and same(tuple(ts), False)
+    for i in (0, 8, 16):
+        other = list(ts)
+        other[i] = stax.zeros(3)
+        assert not same(other, False) and not same(other, True)
+    ts[16].requires_grad = True
+    assert same(ts, False) and not same(ts, True)
+    assert cudagraph.same_tensors([])([], True)
+    one = [stax.zeros(1)]
+    assert cudagraph.same_tensors(one)(one, True) and not cudagraph.same_tensors(one)([stax.zeros(1)], False)
+
+
+def test_17_inputs_a_change_in_the_17th_is_caught(fake, rng):
+    """17 inputs replayed through the generated check: a new tensor in the 17th position (same
+    layout, another address) is copied in from then on, a changed layout there is another
+    specialization; every result equals float64."""
+    f = stax.compile(many, mode="reduce-overhead")
+    args = [cuda_randn(rng, 5, 7)] + [cuda_randn(rng, 7) for _ in range(16)]
+    for _ in range(4):                       # warm-up, record, two replays of the same tensors
+        out = f(*args)
+    assert_close(out.cpu(), many_ref(*args), stax.float32)
+    g = graphed(f)
+    assert g.stats == {"direct": 1, "records": 1, "replays": 3, "copies": 0}
+    assert f._fast.check is not None and g.rec.again[2] is None   # LastCall's generated check in use
+    g(list(args))
+    assert_close(g(list(args))[0].cpu(), many_ref(*args), stax.float32)
+    assert g.rec.again[2] is not None        # the GraphedCall's own, made on the first repeat
+    for _ in range(2):
+        last = cuda_randn(rng, 7)
+        out = f(*args[:16], last)
+        assert_close(out.cpu(), many_ref(*args[:16], last), stax.float32)
+    assert 16 in g.rec.staged and g.stats["records"] == 2 and g.stats["copies"] == 2
+    assert g.stats["replays"] == 7
+    out = g(args[:16] + [last])[0]           # on the GraphedCall itself (bench/gpu.py's replay_host_us)
+    assert_close(out.cpu(), many_ref(*args[:16], last), stax.float32)
+    strided = cuda_randn(rng, 14)[::2]       # the 17th with stride 2: a new key
+    out = f(*args[:16], strided)
+    assert_close(out.cpu(), many_ref(*args[:16], strided), stax.float32)
+    assert f.stats["compiles"] == 2
+    with stax.no_grad():                     # the replay path is the same without grad mode
+        assert_close(f(*args).cpu(), many_ref(*args), stax.float32)
+
+
+def test_overwritten_outputs_raise_on_the_fast_paths(fake, rng):
+    """An output read after the next replay raises, whether that replay came from the same
+    tensors (the token) or a new batch (`LastCall.similar`), and so does passing it in."""
+    f = stax.compile(many, mode="reduce-overhead")
+    args = [cuda_randn(rng, 5, 7)] + [cuda_randn(rng, 7) for _ in range(16)]
+    for _ in range(3):
+        f(*args)
+    y, z = f(*args), f(*args)
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        y.cpu()
+    assert_close(z.cpu(), many_ref(*args), stax.float32)
+    b1, b2 = cuda_randn(rng, 5, 7), cuda_randn(rng, 5, 7)
+    y1 = f(b1, *args[1:])
+    y2 = f(b2, *args[1:])
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        y1.cpu()
+    assert_close(y2.cpu(), many_ref(b2, *args[1:]), stax.float32)
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        f(y1, *args[1:])
+    g = graphed(f)                           # on the GraphedCall itself: only the new first input
+    g([b1] + args[1:])                       # is checked (`Recording.again`), and it raises
+    with pytest.raises(cudagraph.OverwrittenOutputError):
+        g([y2] + args[1:])
+    moved = cuda_randn(rng, 7)               # a changed, unstaged position: recorded again
+    assert_close(g([b1] + args[1:16] + [moved])[0].cpu(), many_ref(b1, *args[1:16], moved), stax.float32)
+
+
+def test_new_batch_reuses_the_key_only_when_it_would_be_the_same(fake, rng):
+    """`LastCall.similar`: a new first input of the same layout takes the last call's decision;
+    another stride or dtype, one that requires grad, or one sharing memory with another input
+    does not (the full path then decides: a new key, aliasing, the training path)."""
+    base = cuda_randn(rng, 7 * 33 + 33)
+    w = base[7 * 33:]                        # a view: a new batch may share its storage
+    f = stax.compile(chain, mode="reduce-overhead")
+    for _ in range(4):
+        x = cuda_randn(rng, 7, 33)
+        assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
+    assert f.stats["compiles"] == 1 and graphed(f).stats["records"] == 1
+    fast, grad = f._fast, stax.is_grad_enabled()
+    new = fast.similar((cuda_randn(rng, 7, 33), w), grad)
+    assert new is not None and new is not fast and new.token is None
+    assert fast.similar((cuda_randn(rng, 7, 66)[:, ::2], w), grad) is None          # stride
+    assert fast.similar((cuda_randn(rng, 7, 33).to(stax.float16), w), grad) is None  # dtype
+    xg = cuda_randn(rng, 7, 33)
+    xg.requires_grad = True
+    assert fast.similar((xg, w), grad) is None and fast.similar((xg, w), False) is not None
+    shared = base[:7 * 33].reshape(7, 33)    # the same storage as w
+    assert fast.similar((shared, w), grad) is None
+    assert fast.similar((x, w), grad, ndarrays=True) is None
+    out = f(shared, w)                       # aliasing: its own key, equal to eager
+    assert_close(out.cpu(), chain_ref(shared.cpu(), w.cpu()), stax.float32)
+    assert f.stats["compiles"] == 2
+
+
 def graphed_calls(cf):
     return {e[0].rec.shapes[0]: e[0] for e in cf.artifacts.values()
             if isinstance(e[0], cudagraph.GraphedCall) and e[0].rec is not None}
