@@ -59,7 +59,12 @@ def test_ops_over_dim_0(op, shape):
     base = 1 + 0.002 * base if op == "prod" else base
     x = stax.tensor(base.astype(np.float32))
     gen = _run(lambda t: getattr(t, op)(0), lambda a: REFS[op](a, 0), x, count=shape[0])
-    assert _one_kernel(gen) and len(gen.kernels) == 1, gen
+    if op == "var" and any(n.startswith("triton_red") for n in gen.kernels):
+        # var's pieces whose combine loops over its splits stay two kernels (triton_outer:
+        # serial in one program, it lost to the second kernel on the H200)
+        assert len(gen.kernels) == 2 and not _one_kernel(gen), gen
+    else:
+        assert _one_kernel(gen) and len(gen.kernels) == 1, gen
 
 
 def test_argmax_over_dim_0():
