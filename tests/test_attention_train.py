@@ -25,6 +25,14 @@ from test_attention_grad import host, randn, ref_loss_grads
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float16": dict(rtol=3e-2, atol=3e-2)}
 
 
+@pytest.fixture(autouse=True)
+def ieee_float32_rewritten(monkeypatch):
+    """These tests check the rewritten path in float32 (the interpreter's exact dots); by default
+    IEEE float32 training keeps the ordinary kernels (test_ieee_float32_training_is_not_rewritten)."""
+    from stax import fuse_attention
+    monkeypatch.setattr(fuse_attention, "TRAIN_IEEE_FLOAT32", True)
+
+
 # ---- hand-written attention, the ways people write it ----
 
 
@@ -304,3 +312,20 @@ def test_broadcast_key_heads(rng):
     for g, r in zip(got, ref):
         assert_close(g, r, stax.float64, **TOL["float32"])
     _assert_flash(_generated(plain, [q, k, v], w, "cuda"), 7, 9)
+
+
+def test_ieee_float32_training_is_not_rewritten_by_default(rng, monkeypatch):
+    """Under "highest" a float32 step keeps cuBLAS's GEMMs and the fused softmax (faster on the
+    H200 at GPT-2's sizes, fuse_attention.TRAIN_IEEE_FLOAT32); under "high" it is rewritten."""
+    from stax import fuse_attention
+    monkeypatch.setattr(fuse_attention, "TRAIN_IEEE_FLOAT32", False)
+    ins = _inputs(rng, "cuda", [(1, 2, 7, 16)] * 3)
+    w = randn(rng, (1, 2, 7, 16), device="cuda")
+    gen = _generated(causal_masked_fill, ins, w, "cuda")
+    assert not any("attention" in k for k in {**gen.kernels, **gen.backward.kernels})
+    stax.set_float32_matmul_precision("high")
+    try:
+        gen = _generated(causal_masked_fill, ins, w, "cuda")
+    finally:
+        stax.set_float32_matmul_precision("highest")
+    assert sum("attention" in k for k in {**gen.kernels, **gen.backward.kernels}) == 3
