@@ -11,18 +11,38 @@
 - `GENERATED_TRITON_KERNELS`: every Triton kernel text the session generated (recorded around
   `codegen_triton.generate`), for tests/test_zz_sm90.py.
 - `REPORT_LINES`: lines printed in pytest's closing summary, even under -q (the random-program counts).
+- `run_outside_interpreter(script, *args)`: a Python script in a process of its own without
+  TRITON_INTERPRET (sm_90 builds), from the repository root; the JSON of its last stdout line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# ---- sm_90 builds in a process of their own ----
+
+
+def run_outside_interpreter(script: str, *args: str, env: dict | None = None, timeout: float = 600):
+    """Run `python -c script *args` from the repository root with TRITON_INTERPRET unset (this
+    session's triton runs as the interpreter, which builds nothing), `env` added; it must exit 0.
+    Returns the JSON of the last line it printed."""
+    full = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full.update(env or {})
+    r = subprocess.run([sys.executable, "-c", script, *args], env=full, capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
 
 # ---- tolerances (docs/DESIGN.md, Tests) ----
 

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from conftest import run_outside_interpreter
 from stax.autotune import (AutotuneError, SearchStats, coordinate_descent, random_search,
                            samples_for_quantile)
 
@@ -573,17 +574,8 @@ def test_candidates_are_built_side_by_side_then_loaded_from_the_cubin_cache(tmp_
     Algorithm 9.1 measures them one by one; each cubin lands in the cache where `_build` then finds
     it (nothing compiles twice), and a candidate that fails is left for `_compile` to raise. (In a
     process of its own: this session's triton runs as the interpreter.)"""
-    import json
-    import os
-    import subprocess
-    import sys
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(STAX_CACHE_DIR=str(tmp_path), STAX_COMPILE_THREADS="3")
-    run = subprocess.run([sys.executable, "-c", _PRECOMPILE], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = run_outside_interpreter(_PRECOMPILE, env=dict(STAX_CACHE_DIR=str(tmp_path), STAX_COMPILE_THREADS="3"))
     assert out["n"] >= 2 and len(out["threads"]) == out["n"] and out["threads_default"] == 3
     assert all(t.startswith("stax-compile") for t in out["threads"])
     assert len(list((tmp_path / "cubin").glob(f"{out['name'].rsplit('_', 1)[0]}_*.bin"))) == out["n"] - 1

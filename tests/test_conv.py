@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import stax
-from conftest import assert_close
+from conftest import assert_close, run_outside_interpreter
 
 
 def direct_conv(x, w, b=None, stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1):
@@ -267,9 +267,6 @@ def test_resnet_layer_kernels_build_for_sm90_in_every_configuration(tmp_path):
     """Both K loops at ResNet-50 sizes (bf16, channels-last): every candidate configuration builds
     for sm_90 on a machine without a GPU (a subprocess, outside the interpreter)."""
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
     layers = {"conv1_flat": ((2, 224, 224, 3), (64, 7, 7, 3), 2, 3), "layer1_taps": ((2, 56, 56, 64), (64, 3, 3, 64), 1, 1)}
     paths = []
@@ -281,11 +278,7 @@ def test_resnet_layer_kernels_build_for_sm90_in_every_configuration(tmp_path):
         assert ("for t in range(" in src) == name.endswith("taps")
         paths.append(str(tmp_path / f"{name}.json"))
         Path(paths[-1]).write_text(json.dumps([kname, src]))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", SM90_BUILD, *paths], env=env, capture_output=True, text=True,
-                       cwd=Path(__file__).parent.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
-    built = json.loads(r.stdout.strip().splitlines()[-1])
+    built = run_outside_interpreter(SM90_BUILD, *paths)
     assert len(built) >= 10 and all(elf and warps >= 1 for elf, warps in built.values()), built
 
 

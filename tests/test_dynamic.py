@@ -6,15 +6,13 @@ and through Triton's interpreter; then the shape environment itself (three-value
 guards, duck sizing), automatic dynamic (`dynamic=None`) and mark_dynamic / mark_static.
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import stax
 from stax import dynshape
+from conftest import run_outside_interpreter
 
 SIZES = list(range(2, 21)) + [31, 37, 63, 65, 127, 129, 255, 257, 1023, 1025, 2049]
 rng = np.random.default_rng(10)
@@ -191,11 +189,7 @@ def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
         "for divs in ((), tuple((i, 16) for i in k.int_index)):\n"
         "    k.compile_for(90, divs=divs)\n"
         "print(json.dumps([c.asm['ptx'].count('ld.global.v4') for c in seen]))\n")
-    env_vars = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", script, json.dumps([name, src])], capture_output=True,
-                         text=True, env=env_vars, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    plain, known = json.loads(out.stdout.strip().splitlines()[-1])
+    plain, known = run_outside_interpreter(script, json.dumps([name, src]), timeout=300)
     assert plain == 0 and known > 0, (plain, known)
 
 

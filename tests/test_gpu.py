@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import stax
-from conftest import assert_close
+from conftest import assert_close, run_outside_interpreter
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -210,10 +210,6 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     machine without a GPU (a subprocess: kernels built by @triton.jit under TRITON_INTERPRET=1
     cannot be compiled)."""
     from stax.triton_heuristics import candidates, kernel_from_source
-    import json
-    import os
-    import subprocess
-    import sys
     paths, expected = [], 0
     for name, (fn, shapes) in {**EXAMPLES, **MORE}.items():
         gen = stax.generate(fn, *[stax.randn(*s) for s in shapes], device="cuda")
@@ -224,11 +220,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
             k = kernel_from_source(kname, text)
             numels = {**{p + "numel": n for p, n in k.size_hints.items()}, **k.meta}
             expected += len(candidates(k.kind, numels, k.reduction_hint, k.r0_block))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True,
-                       text=True, cwd=Path(__file__).parent.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
-    built = json.loads(r.stdout.strip().splitlines()[-1])
+    built = run_outside_interpreter(SM90_SCRIPT, *paths)
     assert len(built) == expected and expected > 40, (len(built), expected)
     assert all(elf and warps >= 1 for elf, warps in built.values()), built
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import stax
-from conftest import assert_close
+from conftest import assert_close, run_outside_interpreter
 
 
 def _one_kernel(gen) -> bool:
@@ -206,11 +206,6 @@ def test_row_split_with_two_forms_of_its_pieces(monkeypatch):
 
 def test_row_split_kernels_build_for_sm90(tmp_path, monkeypatch):
     """The =all forms (tests/test_gpu.py builds the default ones): every candidate for sm_90."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     from test_gpu import SM90_SCRIPT
     monkeypatch.setenv("STAX_SPLIT_ONE_KERNEL", "all")
     paths = []
@@ -221,9 +216,5 @@ def test_row_split_kernels_build_for_sm90(tmp_path, monkeypatch):
         path = tmp_path / f"m{i}.py"
         path.write_text(gen.module.source)
         paths.append(str(path))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", SM90_SCRIPT, *paths], env=env, capture_output=True, text=True,
-                       cwd=Path(__file__).parent.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
-    built = json.loads(r.stdout.strip().splitlines()[-1])
+    built = run_outside_interpreter(SM90_SCRIPT, *paths)
     assert len(built) >= 6 and all(elf and warps >= 1 for elf, warps in built.values()), built
