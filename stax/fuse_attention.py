@@ -282,17 +282,25 @@ def rewrite_enabled() -> bool:
     return os.environ.get(REWRITE_ENV, "1") != "0"
 
 
+def _template_match(graph, mm2: Node) -> AttentionMatch | None:
+    """The pattern ending at matmul `mm2` (still in the graph: an earlier rewrite may have removed
+    it), when the template can compute it; else None."""
+    if mm2 not in graph.nodes:
+        return None
+    m = _match(mm2, _uses(graph))
+    if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
+        return None
+    return m
+
+
 def fuse_attention(graph):
     """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph."""
     if not rewrite_enabled():
         return graph
     for mm2 in [n for n in graph.nodes if n.op == "matmul"]:
-        if mm2 not in graph.nodes:
-            continue
-        m = _match(mm2, _uses(graph))
-        if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
-            continue
-        _rewrite(graph, mm2, m)
+        m = _template_match(graph, mm2)
+        if m is not None:
+            _rewrite(graph, mm2, m)
     return graph
 
 
@@ -401,18 +409,18 @@ def fuse_attention_for_training(tracer, leaves: list, outputs: list) -> list:
     GPU, as `fuse_attention` (on the CPU the ordinary kernels beat a float64 host op), with
     static sizes; a pattern no gradient flows through is left to `fuse_attention`."""
     graph = tracer.graph
-    if not rewrite_enabled() or tracer.shape_env is not None or not any(n.op == "matmul" and str(n.meta.device).startswith("cuda")
-                                               for n in graph.nodes):
+    matmuls = [n for n in graph.nodes if n.op == "matmul" and str(n.meta.device).startswith("cuda")]
+    if not rewrite_enabled() or tracer.shape_env is not None or not matmuls:
         return []
     tape, made = _tape(tracer, leaves), []
     kept, graph.outputs = graph.outputs, list(graph.outputs) + list(outputs)   # (outputs are uses)
     try:
-        for mm2 in [n for n in graph.nodes if n.op == "matmul" and str(n.meta.device).startswith("cuda")]:
+        for mm2 in matmuls:
             out = tape.get(mm2)
-            if mm2 not in graph.nodes or out is None or out._grad_fn is None:
+            if out is None or out._grad_fn is None:
                 continue
-            m = _match(mm2, _uses(graph))
-            if m is None or len(m.q.meta.shape) != len(mm2.meta.shape) or not _template_runs(m, mm2):
+            m = _template_match(graph, mm2)
+            if m is None:
                 continue
             ts = _pattern_tensors(tracer, out, set(m.used) | {m.k_t})
             if ts is None or not _trainable(m, mm2, ts):
