@@ -182,7 +182,6 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
 ONE_KERNEL_ENV = "STAX_SPLIT_ONE_KERNEL"
 _COMBINE_NAMES = re.compile(r"\b(r0_numel|rnumel|R0_BLOCK|RBLOCK|xoffset|xindex|xmask|r0_index|r0_offset|"
                             r"r0_mask|roffset|rindex|r0_base|rbase|x\d+|r0_\d+)\b")
-COMBINE_LOOP_BLOCK = 32     # R0_BLOCK of a looped combine (more than 64 splits: var's pieces)
 
 
 def one_kernel_mode() -> str:
@@ -221,16 +220,19 @@ def _split_pair(ga, gb) -> tuple:
 
 def _print_pair(ka, kb, outer: bool):
     """Both groups' bodies in one form (OUTER, or the row form without a multi-pass alternative),
-    the second's temporaries numbered on from the first's; None where they take other forms."""
+    the second's temporaries numbered on from the first's: (form, ga's lines, hint, gb's lines);
+    None where they take other forms, or where the combine loops over its splits (var's 128
+    pieces): run serially in the last program of each block, that lost on the H200 (var0 0.055 ms
+    as one kernel against 0.049 as two)."""
     if outer_applies(ka) != outer or outer_applies(kb) != outer:
         return None
     kernel = outer_reduction_kernel if outer else reduction_kernel
     form, lines_a, hint = kernel(ka)
     kb.tmp = ka.tmp                              # one kernel: temporaries numbered on
     form_b, lines_b, _ = kernel(kb)
-    if kb.other_form or "xmask" in ka.always_true | kb.always_true:
+    if form_b == "red" or kb.other_form or "xmask" in ka.always_true | kb.always_true:
         return None
-    return form, lines_a, hint, form_b, lines_b
+    return form, lines_a, hint, lines_b
 
 
 def one_kernel_split(index: int, ga, gb, sched, force_form=None):
@@ -251,9 +253,7 @@ def one_kernel_split(index: int, ga, gb, sched, force_form=None):
     ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
     ka.force_form = force_form
     printed = _print_pair(ka, kb, outer)
-    if printed is None or printed[3] == "red":
-        # a combine that loops over its splits (var's 128 pieces) runs serially in the last
-        # program of each block: on the H200 var0 took 0.055 ms so against 0.049 as two kernels
+    if printed is None:
         return None
     (xa, xb), rb = (ka.axes[0], kb.axes[0]), kb.axes[1]
     cols = xb.numel
@@ -269,7 +269,7 @@ def one_kernel_split(index: int, ga, gb, sched, force_form=None):
     stored = texpr(sizes[1] * xa.dims[0] + xa.dims[1] if len(sizes) == 2 else xa.dims[0])
     loaded = texpr(cols * rb.dims[0] + xb.dims[0]) if outer else texpr(splits * xb.dims[0] + rb.dims[0])
     if any(_accesses(printed[1], n, "tl.store") != [stored] or
-           set(_accesses(printed[4], n, "tl.load") or [None]) != {loaded} for n in partials):
+           set(_accesses(printed[3], n, "tl.load") or [None]) != {loaded} for n in partials):
         return None
     return _one_kernel_text(ka, kb, printed, splits, cols, outer)
 
@@ -292,15 +292,13 @@ def _split_head(ka, splits, cols, outer) -> dict:
 def _one_kernel_text(ka, kb, printed, splits, cols, outer) -> tuple:
     """Stitch the two printed bodies: ga's with program_id(1) as its split, gb's (its block names
     suffixed `_c`, the combine's) under `if last_arrival(...)`; then `finish` the kernel."""
-    form, lines_a, hint, form_b, lines_b = printed
+    form, lines_a, hint, lines_b = printed
     head = _split_head(ka, splits, cols, outer)
     body = []
     for line in lines_a:
         body += head.get(line.split(" = ")[0], [line])
     counter = f"split_counts_{ka.index_no}"
     combine = [_COMBINE_NAMES.sub(r"\1_c", line) for line in lines_b if not line.startswith("xnumel =")]
-    if form_b == "red":
-        combine.insert(0, f"R0_BLOCK_c: tl.constexpr = {min(COMBINE_LOOP_BLOCK, next_pow2(splits))}")
     body += [f"# §6.5 one kernel: the last of the {splits} splits to store its partials for this block of",
              f"# outputs combines them: it reads splits 0..{splits - 1} as one block, reduced in a fixed order",
              "# (the same result whatever order they arrived in)",

@@ -177,8 +177,8 @@ MORE = {
     "cat_half": (lambda x, y: stax.cat([x.half(), y.half()], 0).float() * 2, [(5, 3), (4, 3)]),
     "online_softmax": (lambda x: stax.softmax(x, -1), [(300, 40000)]),
     "var_pieces": (lambda x: (x.var(0), x.mean(0)), [(257, 33)]),                       # lower.chunk_deviations
-    # §6.5 one kernel: var's 128 pieces, combined by the last split in a looped combine
-    "var_one_kernel": (lambda x: x.var(0), [(8192, 96)]),
+    # §6.5: var's 128 pieces, whose combine loops over them: two kernels (triton_outer._print_pair)
+    "var_looped_combine": (lambda x: x.var(0), [(8192, 96)]),
     "bnstats_pieces": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), [(8, 3, 65, 65)]),
     "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(7, 40, 33), (40, 33, 7), (33, 7, 40)]),
     "mm": (lambda a, b, c: stax.relu(a @ b + c), [(70, 33), (33, 45), (45,)]),
