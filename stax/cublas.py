@@ -542,9 +542,11 @@ def mm(a, b, out, bias=None, epilogue: str = "none", compute: str = "ieee") -> N
     lt.matmul(desc, ptrs[0], la, ptrs[1], lb, ptrs[2], ld, algo, lt.stream())
 
 
-def _algo_record_path(lt, key):
+def _record_path(lt, stem: str, *parts: str):
+    """A measured choice's record on disk, keyed by `parts`, the device and the library."""
     props = cuda.get_device_properties()
-    return cache.folder("autotune") / (f"cublas_algo_{cache.content_hash(repr(key), props.name, repr(props.cc), str(lt.version), str(ALGO_CANDIDATES), cache.FORMAT)}.json")
+    key = cache.content_hash(*parts, props.name, repr(props.cc), str(lt.version), cache.FORMAT)
+    return cache.folder("autotune") / f"{stem}_{key}.json"
 
 
 def _pick_algorithm(lt, key, desc, layouts, algos, ptrs):
@@ -554,7 +556,7 @@ def _pick_algorithm(lt, key, desc, layouts, algos, ptrs):
     heuristic's first."""
     if len(algos) == 1 or cuda.interpreting():
         return algos[0]
-    path = _algo_record_path(lt, key)
+    path = _record_path(lt, "cublas_algo", repr(key), str(ALGO_CANDIDATES))
     valid = (lambda r: isinstance(r, dict) and isinstance(r.get("index"), int) and 0 <= r["index"] < len(algos))
     record = cache.read_sealed_json(path, valid, "a cuBLASLt algorithm record") if path.exists() else None
     if record is None and _MEASURING:
@@ -610,9 +612,7 @@ class MatmulChoice:
             _log(f"{self.name}: {e}; the template runs")
             template()
             return "template"
-        props = cuda.get_device_properties()
-        path = cache.folder("autotune") / (
-            f"extern_{cache.content_hash(self.key, props.name, repr(props.cc), str(lt.version), cache.FORMAT)}.json")
+        path = _record_path(lt, "extern", self.key)
         record = cache.read_sealed_json(path, _is_record, "an extern choice record") if path.exists() else None
         if record is None:
             template()                 # the template's own tuning and compiles, before it is timed
