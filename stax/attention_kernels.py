@@ -211,27 +211,60 @@ def _mod_lines(body: ModBody, into: str) -> list:
     return body.lines + [f"{into} = {body.result}"]
 
 
+# The largest BLOCK_M / BLOCK_N of any configuration (attention_configs, attention_tuning_space):
+# a static sequence length that is a multiple of it is cut into whole blocks by every one.
+SEQ_BLOCK_LIMIT = 128
+
+
+def _whole_blocks(spec: AttentionSpec) -> tuple:
+    """(queries, keys): whether every configuration cuts M (N) into whole blocks. Then no load,
+    store or score needs the sequence-end mask (a mask that is always true still costs a select
+    per score and blocks the vector loads)."""
+    _, _, _, m, n, _ = spec.dims
+    return m % SEQ_BLOCK_LIMIT == 0, n % SEQ_BLOCK_LIMIT == 0
+
+
+def _mask_arg(conds: list, other: str = "0.0") -> str:
+    """`, mask=..., other=...` of a load from the conditions that can be false, or nothing."""
+    conds = [c for c in conds if c]
+    return f", mask={' & '.join(conds)}, other={other}" if conds else ""
+
+
+def _raw_scores(spec: AttentionSpec) -> bool:
+    """Whether the online update can take the raw QKᵀ and fold the scale into exp2's argument
+    (max(s·x) = s·max(x) for s > 0, and s·x - m is one FMA per score): only when nothing reads
+    the scaled score before the update (no score_mod, no additive mask)."""
+    additive = spec.mask is not None and spec.mask_dtype != "bool"
+    return spec.score_mod is None and not additive and spec.scale > 0
+
+
 def _kv_step(spec: AttentionSpec, partial: bool) -> list:
     """One K/V block (rn = its key rows): S = QKᵀ, score_mod, the masks, the online update.
 
     `partial` says whether this block needs masking beyond the sequence end: the causal mask, the
     attention mask and mask_mod (Figure 9.3: only partial blocks evaluate mask_mod)."""
     prec = f', input_precision="{spec.precision}"' if spec.dtype == "float32" else ""
+    d = spec.dims[5]
+    whole_m, whole_n = _whole_blocks(spec)
+    rd_row = "" if _full_d(d) else "(rd[:, None] < D)"
+    rd_col = "" if _full_d(d) else "(rd[None, :] < D)"
     lines = ["rn = start_n + tl.arange(0, BLOCK_N)",
-             f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), "
-             "mask=(rn[None, :] < N) & (rd[:, None] < D), other=0.0)",
+             f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')})"
+             f"{_mask_arg(['' if whole_n else '(rn[None, :] < N)', rd_row])})",
              f"qk = tl.dot(q, kT{prec}, out_dtype=tl.float32)"]
-    keep = ["(rn[None, :] < N)"]
+    keep = [] if whole_n else ["(rn[None, :] < N)"]
+    raw = _raw_scores(spec)
     if spec.score_mod is not None:
         lines += [f"score = qk * {spec.scale!r}", "q_idx = rm[:, None]", "kv_idx = rn[None, :]"]
         lines += _mod_lines(spec.score_mod, "qk") + [f"qk = qk * {LOG2E!r}"]
-    else:
+    elif not raw:
         lines.append(f"qk = qk * {spec.scale * LOG2E!r}")
     if partial and spec.is_causal:
         keep.append("(rm[:, None] >= rn[None, :])")
     if partial and spec.mask is not None:
-        lines.append(f"am = tl.load(in_ptr3 + ({spec.mask.index('b', 'h', 'rm[:, None]', 'rn[None, :]')}), "
-                     "mask=(rm[:, None] < M) & (rn[None, :] < N), other=0)")
+        seq = [c for c, whole in (("(rm[:, None] < M)", whole_m), ("(rn[None, :] < N)", whole_n)) if not whole]
+        lines.append(f"am = tl.load(in_ptr3 + ({spec.mask.index('b', 'h', 'rm[:, None]', 'rn[None, :]')})"
+                     f"{_mask_arg(seq, '0')})")
         if spec.mask_dtype == "bool":
             keep.append("(am != 0)")
         else:
@@ -239,16 +272,20 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
     if partial and spec.mask_mod is not None:
         lines += ["q_idx = rm[:, None]", "kv_idx = rn[None, :]"] + _mod_lines(spec.mask_mod, "mm")
         keep.append("(mm != 0)")
-    lines += [f"qk = tl.where({' & '.join(keep)}, qk, float(\"-inf\"))",
-              "# the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block",
-              "m_new = tl.maximum(m_i, tl.max(qk, 1))",
+    if keep:
+        lines.append(f"qk = tl.where({' & '.join(keep)}, qk, float(\"-inf\"))")
+    scaled = f" * {spec.scale * LOG2E!r}" if raw else ""
+    lines += ["# the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block"
+              + (" (the scale folded into exp2's argument)" if raw else ""),
+              f"m_new = tl.maximum(m_i, tl.max(qk, 1){scaled})",
               "m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)",
               "alpha = tl.math.exp2(m_i - m_use)",
-              "p = tl.math.exp2(qk - m_use[:, None])",
+              f"p = tl.math.exp2(qk{scaled} - m_use[:, None])",
               "l_i = l_i * alpha + tl.sum(p, 1)",
-              f"vb = tl.load(in_ptr2 + ({spec.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')}), "
-              "mask=(rn[:, None] < N) & (rd[None, :] < D), other=0.0)",
-              f"acc = acc * alpha[:, None] + tl.dot(p.to({TL_DTYPES[spec.dtype]}), vb{prec}, out_dtype=tl.float32)",
+              f"vb = tl.load(in_ptr2 + ({spec.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')})"
+              f"{_mask_arg(['' if whole_n else '(rn[:, None] < N)', rd_col])})",
+              # the dot accumulates into the rescaled acc (no separate [BLOCK_M, D] add)
+              f"acc = tl.dot(p.to({TL_DTYPES[spec.dtype]}), vb, acc * alpha[:, None]{prec}, out_dtype=tl.float32)",
               "m_i = m_new"]
     return lines
 
@@ -288,6 +325,10 @@ def _sparse_loops(spec: AttentionSpec) -> list:
 
 def _body(spec: AttentionSpec) -> list:
     b, h, hk, m, n, d = spec.dims
+    whole_m, _ = _whole_blocks(spec)
+    rd_col = "" if _full_d(d) else "(rd[None, :] < D)"
+    out_conds = [c for c in ("" if whole_m else "(rm[:, None] < M)", rd_col) if c]
+    store_mask = f", {' & '.join(out_conds)}" if out_conds else ""
     to64 = ".to(tl.int64)" if spec.big else ""
     lines = [f"M = {m}", f"N = {n}", f"D = {d}",
              "pid_m = tl.program_id(0)",
@@ -296,8 +337,8 @@ def _body(spec: AttentionSpec) -> list:
              f"hk = h // {h // hk}" if h != hk else "hk = h",
              f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){to64}",
              f"rd = tl.arange(0, {_next_pow2(max(d, 16))})",
-             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
-             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')})"
+             f"{_mask_arg(['' if whole_m else '(rm[:, None] < M)', rd_col])})",
              "# the online triple of each query row: running max (base 2), sum, and output",
              "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
              "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
@@ -306,15 +347,20 @@ def _body(spec: AttentionSpec) -> list:
     lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2",
               "o = acc / l_i[:, None]",
               f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
-              f"o.to({TL_DTYPES[spec.dtype]}), (rm[:, None] < M) & (rd[None, :] < D))",
-              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}, rm < M)"]
+              f"o.to({TL_DTYPES[spec.dtype]}){store_mask})",
+              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}{'' if whole_m else ', rm < M'})"]
     return lines
 
 
+def _full_d(d: int) -> bool:
+    """A head dim that is a power of two (>= 16) is exactly the block's `rd` range."""
+    return d >= 16 and not d & (d - 1)
+
+
 def _full_head_dim(lines: list, d: int) -> list:
-    """A head dim that is a power of two (>= 16) is exactly the block's `rd` range: its masks are
-    always true, so they are left out (a mask along the contiguous dim blocks vector loads)."""
-    if d < 16 or d & (d - 1):
+    """A head dim that is exactly the block's `rd` range (`_full_d`) has masks that are always
+    true, so they are left out (a mask along the contiguous dim blocks vector loads)."""
+    if not _full_d(d):
         return lines
     return [x.replace(" & (rd[None, :] < D)", "").replace(" & (rd[:, None] < D)", "") for x in lines]
 
@@ -483,11 +529,12 @@ def decode_splits(n: int, programs_wanted: int) -> tuple:
 def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
     b, h, hk, m, n, d = spec.dims
     rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
+    whole_m, rd_col = m == rows, "" if _full_d(d) else "(rd[None, :] < D)"
     lines = [f"M = {m}", f"N = {n}", f"D = {d}", "split = tl.program_id(0)", "bh = tl.program_id(1)",
              f"b = bh // {h}", f"h = bh % {h}", f"hk = h // {h // hk}" if h != hk else "hk = h",
              f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
-             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
-             "mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0)",
+             f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')})"
+             f"{_mask_arg(['' if whole_m else '(rm[:, None] < M)', rd_col])})",
              f"m_i = tl.full([{rows}], float(\"-inf\"), tl.float32)",
              f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
              f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",

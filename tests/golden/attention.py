@@ -12,7 +12,7 @@ def triton_tem_fused_attention_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, out_ptr1, 
     hk = h
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     rd = tl.arange(0, 64)
-    q = tl.load(in_ptr0 + (b * 65536 + h * 16384 + rm[:, None] * 64 + rd[None, :]), mask=(rm[:, None] < M), other=0.0)
+    q = tl.load(in_ptr0 + (b * 65536 + h * 16384 + rm[:, None] * 64 + rd[None, :]))
     # the online triple of each query row: running max (base 2), sum, and output
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -21,39 +21,36 @@ def triton_tem_fused_attention_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, out_ptr1, 
     diagonal = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
     for start_n in range(0, diagonal, BLOCK_N):
         rn = start_n + tl.arange(0, BLOCK_N)
-        kT = tl.load(in_ptr1 + (b * 65536 + hk * 16384 + rn[None, :] * 64 + rd[:, None]), mask=(rn[None, :] < N), other=0.0)
+        kT = tl.load(in_ptr1 + (b * 65536 + hk * 16384 + rn[None, :] * 64 + rd[:, None]))
         qk = tl.dot(q, kT, out_dtype=tl.float32)
-        qk = qk * 0.36067376022224085
-        qk = tl.where((rn[None, :] < N), qk, float("-inf"))
-        # the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block (the scale folded into exp2's argument)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * 0.36067376022224085)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(qk - m_use[:, None])
+        p = tl.math.exp2(qk * 0.36067376022224085 - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(in_ptr2 + (b * 65536 + hk * 16384 + rn[:, None] * 64 + rd[None, :]), mask=(rn[:, None] < N), other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), vb, out_dtype=tl.float32)
+        vb = tl.load(in_ptr2 + (b * 65536 + hk * 16384 + rn[:, None] * 64 + rd[None, :]))
+        acc = tl.dot(p.to(tl.bfloat16), vb, acc * alpha[:, None], out_dtype=tl.float32)
         m_i = m_new
     # the diagonal blocks: the causal mask
     for start_n in range(diagonal, tl.minimum(N, (pid_m + 1) * BLOCK_M), BLOCK_N):
         rn = start_n + tl.arange(0, BLOCK_N)
-        kT = tl.load(in_ptr1 + (b * 65536 + hk * 16384 + rn[None, :] * 64 + rd[:, None]), mask=(rn[None, :] < N), other=0.0)
+        kT = tl.load(in_ptr1 + (b * 65536 + hk * 16384 + rn[None, :] * 64 + rd[:, None]))
         qk = tl.dot(q, kT, out_dtype=tl.float32)
-        qk = qk * 0.36067376022224085
-        qk = tl.where((rn[None, :] < N) & (rm[:, None] >= rn[None, :]), qk, float("-inf"))
-        # the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk = tl.where((rm[:, None] >= rn[None, :]), qk, float("-inf"))
+        # the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block (the scale folded into exp2's argument)
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * 0.36067376022224085)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(qk - m_use[:, None])
+        p = tl.math.exp2(qk * 0.36067376022224085 - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vb = tl.load(in_ptr2 + (b * 65536 + hk * 16384 + rn[:, None] * 64 + rd[None, :]), mask=(rn[:, None] < N), other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), vb, out_dtype=tl.float32)
+        vb = tl.load(in_ptr2 + (b * 65536 + hk * 16384 + rn[:, None] * 64 + rd[None, :]))
+        acc = tl.dot(p.to(tl.bfloat16), vb, acc * alpha[:, None], out_dtype=tl.float32)
         m_i = m_new
     # o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2
     o = acc / l_i[:, None]
-    tl.store(out_ptr0 + (b * 65536 + h * 16384 + rm[:, None] * 64 + rd[None, :]), o.to(tl.bfloat16), (rm[:, None] < M))
-    tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * 0.6931471805599453, rm < M)
+    tl.store(out_ptr0 + (b * 65536 + h * 16384 + rm[:, None] * 64 + rd[None, :]), o.to(tl.bfloat16))
+    tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
 
 
 def call(args):
