@@ -87,6 +87,9 @@ WORKLOADS = {
     "xent": (lambda x, t: stax.nn.functional.cross_entropy(x, t), [(8192, 32768), ("int", 32768, (8192,))]),
 }
 GROUPS = {"reductions": ["colsum:large", "colsum:small", "mean01", "var0", "bnstats", "amax_mid", "biasgrad"]}
+# issue 12's reductions (and the row softmax/xent that read their input once or twice): their rows
+# also show the read ceiling of their input's bytes (`read_ceiling_ms`)
+REDUCTION_NAMES = set(GROUPS["reductions"]) | {"softmax:verylong"}
 # matmuls (§9.8): the template with its epilogue fused; TFLOP/s, not a fraction of a floor.
 # name -> (function of a [m, k], b [k, n], c [n], (m, k, n), dtype, float32 matmul precision)
 MATMULS = {
@@ -186,6 +189,45 @@ def time_calls(fn, args, iters=None) -> float:
         end.record()
     cuda.synchronize()
     return float(np.median([start.elapsed_time(end) for start, end in events]))
+
+
+_CEILINGS: dict = {}
+
+
+def read_ceiling_ms(nbytes: int):
+    """The fastest a kernel can stream `nbytes` from memory once under `time_calls`' conditions
+    (L2 evicted first, CUDA events): a grid-stride float32 sum, best of a few launch shapes
+    (measured on the H200: BLOCK 4096, 8 or 16 warps, 16-32 programs per SM). A reduction that
+    reads its input once cannot beat it. For tens of megabytes it is well below the copy
+    bandwidth's floor (the ramp and the tail of one launch are several microseconds): 64 MB
+    reached 0.64 of the floor, 128 MB 0.76, 256 MB 0.89, 512 MB 0.98. Needs torch (for the buffer
+    and the timer, as the torch.compile columns do); None without it."""
+    if nbytes in _CEILINGS:
+        return _CEILINGS[nbytes]
+    try:
+        import torch
+        import triton
+        import triton.language as tl
+        import triton.testing
+    except Exception:
+        return None
+
+    @triton.jit
+    def stream_sum(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        acc = tl.zeros([BLOCK], tl.float32)
+        for i in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+            offs = i + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+    n = nbytes // 4
+    x = torch.randn(n, device="cuda")
+    out = torch.empty(1 << 13, device="cuda")
+    sms = cuda.get_device_properties().sm_count
+    best = min(triton.testing.do_bench(lambda: stream_sum[(p,)](x, out, n, 4096, num_warps=w), return_mode="median")
+               for p in (16 * sms, 32 * sms) for w in (8, 16))
+    _CEILINGS[nbytes] = best
+    return best
 
 
 def torch_time(name, shapes):
@@ -1343,6 +1385,9 @@ def main(argv):
                "kernels": kernels, "stax_cold_s": by_mode["autotuned"]["first_call_s"], "modes": by_mode}
         if tt:
             row.update(torch_ms=tt[0], torch_cold_s=tt[1], speedup=tt[0] / ms)
+        ceiling = read_ceiling_ms(sum(a.numel() * a.element_size() for a in args)) if name in REDUCTION_NAMES else None
+        if ceiling:
+            row.update(read_ceiling_ms=ceiling, frac_of_ceiling=ceiling / ms)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del args, out, outs
@@ -1352,8 +1397,8 @@ def main(argv):
     per_call, per_launch, per_driver = host_overhead()
     cold, warm = compile_times()
     print()
-    print(f"| workload | Stax ms | floor ms | frac | torch.compile ms | torch/Stax | kernels |")
-    print(f"| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| workload | Stax ms | floor ms | frac | read ceiling ms (frac) | Stax frac of it | torch.compile ms | torch/Stax | kernels |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     if len(modes) > 1:
         print("\n| workload | heuristic ms | autotuned ms | max-autotune ms | tuning s (auto / max) | torch ms |")
         print("| --- | --- | --- | --- | --- | --- |")
@@ -1368,7 +1413,9 @@ def main(argv):
     for r in rows:
         tm = f"{r['torch_ms']:.3f}" if "torch_ms" in r else "-"
         sp = f"{r['speedup']:.2f}" if "speedup" in r else "-"
-        print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {tm} | {sp} | {', '.join(r['kernels'])} |")
+        ceil = (f"{r['read_ceiling_ms']:.4f} ({r['floor_ms'] / r['read_ceiling_ms']:.2f}) | {r['frac_of_ceiling']:.2f}"
+                if "read_ceiling_ms" in r else "- | -")
+        print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {ceil} | {tm} | {sp} | {', '.join(r['kernels'])} |")
     if mm_rows:
         print("\n| matmul | m×k×n | Stax TFLOP/s | torch default | torch max-autotune | default/Stax | max-autotune/Stax | kernels | winner |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
