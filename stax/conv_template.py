@@ -1,7 +1,8 @@
 """§9.8 Convolution as a template: the implicit GEMM `triton_tem_fused_conv_N`.
 
-Layer: back end (GPU), beside templates.py (it imports only `autotune` for next_pow2 and
-`templates` for the dtype spellings and the int32 limit). codegen_triton.generate asks `conv_applies`
+Layer: back end (GPU), beside templates.py (it imports `autotune` for next_pow2, `template_tuning`
+for the split-K bound, `templates` for the dtype spellings and the int32 limit, `triton_kernel` for
+the target's SM count). codegen_triton.generate asks `conv_applies`
 about each `conv2d` ExternKernel and prints `conv_template`'s text as one more kernel; the launcher
 treats it as a "template" kernel (templates.template_configs, template_grid: the same M × N × K
 block shapes, groups along program_id(1)).
@@ -19,9 +20,19 @@ only on the sides that have padding). Two K loops:
     input's memory order: (c, kh, kw) for NCHW, (kh, kw, c) when channels are innermost. The accumulator is float32
 (`tl.dot`, IEEE for float32 operands); the bias is added in the epilogue before the one store.
 
+Split-K (issue 14): where the chapter's 128 x 128 tiles leave SMs idle (ResNet-50's layer4 at batch
+32: 52 tiles on 132 SMs) and K is long, the text takes SPLIT_K as a constexpr (`conv_split_max`).
+Program (tile, split), split = program_id(2), sums its slice [t_lo, t_hi) of the K loop's steps,
+stores its float32 partial tile into [SPLIT_K_MAX, groups, M, N] scratch, and arrives at its
+tile's counter (`triton_helpers.last_arrival`, as §6.5's one-kernel split); the last to arrive
+sums the SPLIT_K partials in split order 0..SPLIT_K-1 (deterministic) and runs the epilogue. One
+launch. Whether and how far to split is not a rule (k >= 128·max(m, n) does not hold for a conv):
+template_tuning's `_conv_splits` adds SPLIT_K 2, 3, 4 candidates and Alg. 9.1 measures them.
+
 Consumes: a `conv2d` ExternKernel (inputs [x, weight(, bias)] as buffer names or strided views,
 params stride / padding / dilation / groups) and the layouts of its operand buffers.
-Produces: (kernel name, source, operand buffers, numels [groups, M, N, K]). Sizes and strides
+Produces: (kernel name, source, operand buffers, numels [groups, M, N, K], `ConvSplit` or None:
+the split's scratch, which the wrapper allocates). Sizes and strides
 are constants of the text (static shapes only; otherwise the host fallback runs).
 
 Where to look:
@@ -29,6 +40,7 @@ Where to look:
   - `_CONV_BODY` .............. the kernel text
   - `_TAP_LOOP`, `_FLAT_LOOP` . the two K loops; `uses_tap_loop` chooses
   - `_k_split` ................ the flat loop's k → (c, kh, kw) in the input's memory order
+  - `_SPLIT_HEAD`, `_SPLIT_EPILOGUE`  split-K: the program's steps; partials, the last one combines
   - `conv_template` ........... the entry
 """
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Layer: back end (GPU), launch time: imports only `autotune` (next_pow2). triton_heuristics.py
 imports it for a template kernel (a warm start needs no sympy and no printer), and templates.py
-(the kernel text) reads GROUP_M and the split-K and precision choices from here.
+(the kernel text) reads GROUP_M and the split-K and precision choices from here, conv_template.py
+the conv's split-K bound (`conv_split_max`).
 
 Consumes the numels a template launch passes (`bnumel`, `mnumel`, `nnumel`, `knumel`) and the
 facts its decorator carries (`meta`: the element size, SPLIT_K, the tuning key; a conv's
