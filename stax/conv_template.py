@@ -22,7 +22,7 @@ only on the sides that have padding). Two K loops:
 
 Split-K (issue 14): where the chapter's 128 x 128 tiles leave SMs idle (ResNet-50's layer4 at batch
 32: 52 tiles on 132 SMs) and K is long, the text takes SPLIT_K as a constexpr (`conv_split_max`).
-Program (tile, split), split = program_id(2), sums its slice [t_lo, t_hi) of the K loop's steps,
+Program (tile, split), split = program_id(2), sums its slice of the K loop's steps (PER from t_lo; SPLIT_K divides them),
 stores its float32 partial tile into [SPLIT_K_MAX, groups, M, N] scratch, and arrives at its
 tile's counter (`triton_helpers.last_arrival`, as §6.5's one-kernel split); the last to arrive
 sums the SPLIT_K partials in split order 0..SPLIT_K-1 (deterministic) and runs the epilogue. One
@@ -80,18 +80,23 @@ w_col = {w_col}
 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 {loop}{epilogue}"""
 
-_EPILOGUE = """{bias}out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+_EPILOGUE = """\
+{bias}out_mask = (rm[:, None] < M) & (rn[None, :] < N)
 tl.store(out_ptr0 + ({out_index}), acc.to({out_dtype}), out_mask)"""
 
 # split-K (`SPLIT_K` > 1, a measured candidate): program (tile, split) sums its slice of the K loop's steps
-_SPLIT_HEAD = """# §9.8 split-K: program_id(2) is this program's slice of the K loop's steps, [t_lo, t_hi)
+_SPLIT_HEAD = """\
+# §9.8 split-K: program_id(2) is this program's slice of the K loop's steps, PER of them from t_lo
+# (SPLIT_K divides STEPS, so no step is masked, and SPLIT_K = 1 is the unsplit loop)
 split = tl.program_id(2){to64} if SPLIT_K > 1 else 0
-STEPS = {steps}
-t_lo = split * ((STEPS + SPLIT_K - 1) // SPLIT_K)
-t_hi = min(STEPS, t_lo + (STEPS + SPLIT_K - 1) // SPLIT_K)
+STEPS: tl.constexpr = {steps}
+tl.static_assert(STEPS % SPLIT_K == 0, "SPLIT_K must divide the K loop's steps")
+PER: tl.constexpr = STEPS // SPLIT_K
+t_lo = split * PER
 """
 
-_SPLIT_EPILOGUE = """out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+_SPLIT_EPILOGUE = """\
+out_mask = (rm[:, None] < M) & (rn[None, :] < N)
 last = True
 if SPLIT_K > 1:
     # §9.8 split-K in one launch: each split stores its float32 partial tile; the last of the tile's
@@ -230,10 +235,10 @@ def _loop(e, x, w, to64: str, split: bool) -> str:
     spatial = _spatial_mask(e.params["padding"], h, wd)
     precision = ', input_precision="ieee"' if e.dtype.name == "float32" else ""
     if uses_tap_loop(cg):
-        head = _SPLIT_HEAD.format(to64=to64, steps=f"{kh * kw} * CB") if split else ""
+        head = _SPLIT_HEAD.format(to64=to64, steps=f"{kh * kw} * (({cg} + BLOCK_K - 1) // BLOCK_K)") if split else ""
         text = f"CG = {cg}\n" + _TAP_LOOP.format(
             taps=kh * kw, KW=kw, to64=to64, spatial=spatial, precision=precision, split=head,
-            t_range="t_lo, t_hi" if split else f"0, {kh * kw} * CB",
+            t_range="t_lo, t_lo + PER" if split else f"0, {kh * kw} * CB",
             kh_term=_mul("kh", dh)[0], kw_term=_mul("kw", dw)[0],
             a_row=_sum(_mul("ih", sx[2]) + _mul("iw", sx[3])), x_c=_sum(_mul("rc[None, :]", sx[1])),
             w_tap="".join(t + " + " for t in _mul("kh", sw_[2]) + _mul("kw", sw_[3])),
@@ -241,8 +246,8 @@ def _loop(e, x, w, to64: str, split: bool) -> str:
         return text
     return _FLAT_LOOP.format(
         to64=to64, spatial=spatial, precision=precision,
-        split=_SPLIT_HEAD.format(to64=to64, steps="(K + BLOCK_K - 1) // BLOCK_K") if split else "",
-        k_range="t_lo * BLOCK_K, t_hi * BLOCK_K" if split else "0, K",
+        split=_SPLIT_HEAD.format(to64=to64, steps=f"({int(w.shape[1]) * kh * kw} + BLOCK_K - 1) // BLOCK_K") if split else "",
+        k_range="t_lo * BLOCK_K, (t_lo + PER) * BLOCK_K" if split else "0, K",
         k_split="\n".join(_k_split(cg, kh, kw, sx[1] == 1 and cg > 1)),
         kh_term=_mul("kh_k[None, :]", dh)[0], kw_term=_mul("kw_k[None, :]", dw)[0],
         x_k=_sum(_mul("c_k[None, :]", sx[1]) + _mul("ih", sx[2]) + _mul("iw", sx[3])),

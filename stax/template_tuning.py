@@ -126,7 +126,8 @@ def conv_split_max(m: int, n: int, k: int, groups: int, sm_count: int) -> int:
 def _conv_splits(configs: list, numels: dict) -> list:
     """A split-capable conv's candidates (meta SPLIT_K_MAX > 1): each unsplit one with SPLIT_K 1,
     then, up to CONV_SPLIT_CANDIDATES, each whose tiles leave SMs idle with SPLIT_K 2, 3, 4 (at most
-    two programs per SM, CONV_SPLIT_MIN_STEPS steps a split), for Alg. 9.1 to measure. The default
+    two programs per SM; s divides the K loop's steps, the kernel's unmasked slices, with at least
+    CONV_SPLIT_MIN_STEPS a split), for Alg. 9.1 to measure. The default
     (first) is split when its tiles fill under half the SMs and each split still sums
     CONV_SPLIT_DEFAULT_K of K: the largest such s, up to one program per SM."""
     m, n, k, b = (int(numels.get(f"{p}numel", 1)) for p in "mnkb")
@@ -135,8 +136,9 @@ def _conv_splits(configs: list, numels: dict) -> list:
     def tiles(c):
         return -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * b
 
-    def fits(c, s):           # each of the s splits keeps enough steps of the K loop
-        return (taps * -(-k // c["BLOCK_K"])) // s >= CONV_SPLIT_MIN_STEPS
+    def fits(c, s):           # the s splits share the K loop's steps evenly, enough steps each
+        steps = taps * -(-k // c["BLOCK_K"])
+        return steps % s == 0 and steps // s >= CONV_SPLIT_MIN_STEPS
     plain = [{**c, "SPLIT_K": 1} for c in configs[:MAX_CANDIDATES]]
     splits = [{**c, "SPLIT_K": s} for c in plain for s in CONV_SPLITS
               if s <= most and tiles(c) < sms and tiles(c) * s <= 2 * sms and fits(c, s)]

@@ -315,8 +315,8 @@ def test_gpu_template_reads_broadcast_and_sliced_operands_in_place(rng):
 @pytest.fixture
 def split_default(monkeypatch, tmp_path):
     """Make the unmeasured default (what Triton's interpreter runs) the split with factor s, at
-    test sizes: any K per split (even none: a split past the last step stores zeros), a private
-    cache (an artifact compiled under other knobs is not reused)."""
+    test sizes: any K per split (one step is enough), a private cache (an artifact compiled under
+    other knobs is not reused)."""
     from stax import template_tuning
     monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(template_tuning, "CONV_SPLIT_DEFAULT_K", 1)
@@ -340,13 +340,23 @@ def _run_split(fn, args, s):
     return out, src
 
 
+# split-K's cases: SPLIT_K must divide the K loop's steps, so each has 12 or 24 of them (2, 3, 4 all fit)
+SPLIT_CASES = {
+    "flat_5x5_s21": ((2, 15, 9, 8), (5, 5, 5), (2, 1), (2, 1), 1, 1, True),          # K 375: 12 steps of 32
+    "flat_groups_dil": ((1, 30, 11, 11), (6, 5, 5), 1, 2, (2, 1), 2, False),
+    "taps_2x2_pad": ((2, 70, 5, 6), (8, 2, 2), 1, 1, 1, 1, True),                    # 4 taps x 3 blocks of 32
+    "taps_groups_dil_s2": ((1, 140, 9, 8), (6, 2, 2), 2, (1, 0), (2, 1), 2, True),
+    "taps_1x1": ((1, 360, 4, 5), (4, 1, 1), 1, 0, 1, 1, False),                      # 12 blocks of 32
+}
+
+
 @pytest.mark.parametrize("s", [2, 3, 4])
-@pytest.mark.parametrize("case", ["odd_3x3_pad", "stride2_rect", "dilation", "taps_groups_dil", "taps_1x1_odd_c"])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
 def test_gpu_split_k_matches_the_direct_loop(case, s, split_default, rng):
-    """Both K loops split 2, 3, 4 ways (K of 27..360, not multiples of BLOCK_K; some splits get no
-    step), stride, padding, dilation, groups, with and without the bias, relu after it."""
+    """Both K loops split 2, 3, 4 ways (K not a multiple of BLOCK_K, odd channel counts), stride,
+    padding, dilation, groups, with and without the bias, relu after it."""
     split_default(s)
-    xs, ws, stride, pad, dil, groups, bias = CASES[case]
+    xs, ws, stride, pad, dil, groups, bias = SPLIT_CASES[case]
     x, w, b = _inputs(rng, xs, ws, groups, bias)
     kw = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
     if b is None:
@@ -355,7 +365,7 @@ def test_gpu_split_k_matches_the_direct_loop(case, s, split_default, rng):
         out, src = _run_split(lambda x, w, b: stax.relu(stax.conv2d(x, w, b, **kw)), [x, w, b], s)
     ref = direct_conv(f64(x), f64(w), None if b is None else f64(b), _pair(stride), _pad4(pad), _pair(dil), groups)
     assert_close(out, np.maximum(ref, 0), stax.float32)
-    assert ("for t in range(t_lo, t_hi)" in src) == (xs[1] // groups >= 16)
+    assert ("for t in range(t_lo, t_lo + PER)" in src) == case.startswith("taps")
     assert ("bias = tl.load" in src) == bias
 
 
@@ -365,8 +375,8 @@ def test_gpu_split_k_channels_last_bf16_and_int64(s, split_default, monkeypatch,
     int64 offsets (forced by a lower limit)."""
     from stax import conv_template
     split_default(s)
-    x_nhwc = stax.tensor(rng.standard_normal((2, 6, 5, 24)), dtype=stax.float32).to(stax.bfloat16)
-    w = stax.tensor(rng.standard_normal((16, 24, 3, 3)), dtype=stax.float32).to(stax.bfloat16)
+    x_nhwc = stax.tensor(rng.standard_normal((2, 6, 5, 48)), dtype=stax.float32).to(stax.bfloat16)
+    w = stax.tensor(rng.standard_normal((16, 48, 3, 3)), dtype=stax.float32).to(stax.bfloat16)
     b = stax.tensor(rng.standard_normal(16), dtype=stax.float32).to(stax.bfloat16)
     x = x_nhwc.to("cuda").permute(0, 3, 1, 2)
     out, _ = _run_split(lambda x, w, b: stax.conv2d(x, w, b, padding=1), [x, w, b], s)
@@ -374,8 +384,8 @@ def test_gpu_split_k_channels_last_bf16_and_int64(s, split_default, monkeypatch,
     assert out.dtype is stax.bfloat16
     assert_close(out.double(), ref, stax.bfloat16)
     monkeypatch.setattr(conv_template, "INT32_LIMIT", 1)
-    x_nhwc = stax.tensor(rng.standard_normal((2, 7, 6, 6)), dtype=stax.float32)
-    w = stax.tensor(rng.standard_normal((5, 6, 3, 3)), dtype=stax.float32)
+    x_nhwc = stax.tensor(rng.standard_normal((2, 9, 8, 6)), dtype=stax.float32)
+    w = stax.tensor(rng.standard_normal((5, 6, 5, 6)), dtype=stax.float32)        # K 180: 6 steps of 32
     x = x_nhwc.to("cuda").permute(0, 3, 1, 2)
     out, src = _run_split(lambda x, w: stax.conv2d(x, w, stride=2, padding=(0, 1)), [x, w], s)
     assert_close(out, direct_conv(f64(x_nhwc.permute(0, 3, 1, 2)), f64(w), None, (2, 2), _pad4((0, 1))), stax.float32)
@@ -404,6 +414,7 @@ def test_split_k_candidates_are_measured_and_the_default_splits_small_grids():
     big = {c["SPLIT_K"] for c in cands if (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)}
     assert big == {1, 2, 3, 4} and len(cands) <= 16
     assert all(c["SPLIT_K"] == 1 for c in cands if (c["BLOCK_M"], c["BLOCK_N"]) == (64, 64))
+    assert all((9 * 512 // c["BLOCK_K"]) % c["SPLIT_K"] == 0 for c in cands)     # SPLIT_K divides the steps
     assert template_tuning_space(cands[0], numels)["SPLIT_K"] == [1, 2, 3, 4]
     ((name8, src8),) = _layer4(8).kernels.items()
     numels8 = {**numels, "mnumel": 392, **kernel_from_source(name8, src8).meta}
