@@ -316,9 +316,10 @@ def test_gpu_template_reads_broadcast_and_sliced_operands_in_place(rng):
 def split_default(monkeypatch, tmp_path):
     """Make the unmeasured default (what Triton's interpreter runs) the split with factor s, at
     test sizes: any K per split (one step is enough), a private cache (an artifact compiled under
-    other knobs is not reused)."""
+    other knobs is not reused); on a real GPU the default runs unmeasured too (STAX_AUTOTUNE=0)."""
     from stax import template_tuning
     monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STAX_AUTOTUNE", "0")
     monkeypatch.setattr(template_tuning, "CONV_SPLIT_DEFAULT_K", 1)
     monkeypatch.setattr(template_tuning, "CONV_SPLIT_MIN_STEPS", 0)
 
