@@ -214,7 +214,8 @@ def launch_bound(numels: dict) -> bool:
 def template_tuning_space(start: dict, numels: dict | None = None) -> dict:
     """Definition 9.2's Π for mode="max-autotune" (GROUP_M stays the chapter's 8, a matmul's
     SPLIT_K the generator's s: the partials' buffer is sized for it; a conv's any s up to the
-    SPLIT_K_MAX its partials are sized for)."""
+    SPLIT_K_MAX its partials are sized for: one that does not divide the K loop's steps fails the
+    kernel's static_assert, so it costs inf, never a wrong sum)."""
     space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
              "BLOCK_K": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
              "GROUP_M": [GROUP_M]}
