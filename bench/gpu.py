@@ -7,7 +7,8 @@ or `indexing` (issue 11: the embedding gather and index_add_ on a 1M x 1024 tabl
 a 20-step chain in default mode, mode="reduce-overhead" (CUDA graphs) and torch.compile's two modes.
 `python bench/gpu.py attention` runs only §9.10's attention rows (issue 15) against torch's SDPA and
 FlexAttention; `python bench/gpu.py conv` only the conv2d workloads (CONVS: ResNet-50 layers, bf16,
-channels-last); `python bench/gpu.py adamw` only issue 16's optimizer step: stax.optim.AdamW's compiled
+channels-last; a name, e.g. `layer4_3x3`, that one; each row says which blocks and SPLIT_K Alg. 9.1 chose,
+`STAX_LOGS=autotune` prints every candidate's time); `python bench/gpu.py adamw` only issue 16's optimizer step: stax.optim.AdamW's compiled
 step over a 4-layer width-1024 MLP's parameters against torch.optim.AdamW (foreach=True and fused=True).
 `python bench/gpu.py train` only §5's training steps (forward + backward + AdamW, the loss
 stax.compile'd against torch.compile'd, with each one's peak memory): the 4-layer width-1024 MLP at
@@ -455,11 +456,18 @@ def convs(names):
         cuda.synchronize()
         cold = time.perf_counter() - t0
         ms = time_calls(f, [x, wt, b])
+        # split-K's combine sums the partials in split order: every call gives the same bits
+        stable = all(np.array_equal(f(x, wt, b).float().cpu().numpy(), out.float().cpu().numpy()) for _ in range(3))
         oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
         flop = 2 * n * co * oh * ow * c * k * k
+        conv = [v for key, v in f.artifacts[next(iter(f.artifacts))][0].__globals__.items()
+                if key.startswith("triton_tem_fused_conv") and hasattr(v, "config")]
         row = {"workload": name, "shape": f"{n}x{c}x{h}x{w} * {co}x{c}x{k}x{k} s{stride} p{pad}",
                "stax_ms": ms, "stax_tflops": flop / ms * 1e-9, "stax_cold_s": cold,
-               "kernels": list(f.last_generated.kernels)}
+               "kernels": list(f.last_generated.kernels),
+               # Alg. 9.1's choice (SPLIT_K > 1: the split-K form, issue 14) and its measured time
+               "config": conv[0].config if conv else None, "kernel_ms": conv[0].best_ms if conv else None,
+               "bitwise_stable": stable}
         host = [t.float().cpu().numpy() for t in (x.contiguous(), wt.contiguous(), b, out)]
         row.update(_torch_conv(c, h, w, co, k, stride, pad, host))
         if "torch_ms" in row:
@@ -471,12 +479,15 @@ def convs(names):
 
 
 def conv_table(rows):
-    print("\n| conv2d (bf16, channels-last, batch 32) | Stax ms (TFLOP/s) | torch.compile ms (TFLOP/s) | torch/Stax | rel. err |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| conv2d (bf16, channels-last, batch 32) | Stax ms (TFLOP/s) | torch.compile ms (TFLOP/s) | torch/Stax | rel. err | blocks, SPLIT_K |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        cfg = r.get("config") or {}
+        blocks = "x".join(str(cfg.get(b, "?")) for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         print(f"| {r['workload']} {r['shape']} | {r['stax_ms']:.3f} ({r['stax_tflops']:.0f}) | "
               f"{r.get('torch_ms', float('nan')):.3f} ({r.get('torch_tflops', float('nan')):.0f}) | "
-              f"{r.get('speedup', float('nan')):.2f} | {r.get('rel_err_vs_torch', float('nan')):.1e} |")
+              f"{r.get('speedup', float('nan')):.2f} | {r.get('rel_err_vs_torch', float('nan')):.1e} | "
+              f"{blocks}, {cfg.get('SPLIT_K', 1)} |")
 
 
 def host_overhead():

@@ -452,11 +452,11 @@ def _outer_persistent_candidates(x: int, r0_block: int) -> list:
     return out
 
 
-def launchable(configs: list, grid) -> list:
+def launchable(configs: list, grid, limit: int = MAX_CANDIDATES) -> list:
     """The first configuration (the default) and, after it, each other whose grid CUDA can launch
-    (`grid(config)`), without repeats, at most MAX_CANDIDATES."""
+    (`grid(config)`), without repeats, at most `limit` (MAX_CANDIDATES)."""
     unique = []
     for c in configs:
         if c not in unique and (not unique or fits_grid(grid(c))):
             unique.append(c)
-    return unique[:MAX_CANDIDATES]
+    return unique[:limit]

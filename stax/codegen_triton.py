@@ -279,9 +279,19 @@ def _extern_group(index: int, e, low, call: list, new: set, launch) -> int:
     """An extern node's lines: the conv template (§9.8), the attention templates forward and
     backward (§9.10; an LSE the forward template writes needs only its buffer), or a fallback call."""
     if conv_applies(e, low):         # §9.8: a convolution runs as an implicit-GEMM Triton template
-        name, src, operands, numels = conv_template(index, e, low)
+        name, src, operands, numels, split = conv_template(index, e, low)
         call.append(_alloc(e.name, e.layout, e.dtype))
-        launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name]] + [pysize(v) for v in numels])
+        scratch = []
+        if split is not None:        # split-K candidates: float32 partials, the tiles' counters
+            scratch = [split.partials, split.counts]
+            call += [f"{pyname(split.partials)} = empty_strided_cuda(({pyint(split.partials_numel)},), (1,), "
+                     "stax.float32)",
+                     f"{pyname(split.counts)} = zeroed_workspace_cuda({pylit(split.counts)}, "
+                     f"{pyint(split.counts_numel)})"]
+        launch(call, {name: src}, name, [pyname(o) for o in operands + [e.name] + scratch]
+               + [pysize(v) for v in numels])
+        if scratch:
+            call.append(f"del {', '.join(pyname(s) for s in scratch)}")
         index += 1
     elif extern_spec(e, low)[0] is not None:     # §9.10: attention runs as the flash template
         spec, operands = extern_spec(e, low)

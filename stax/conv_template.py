@@ -1,7 +1,8 @@
 """§9.8 Convolution as a template: the implicit GEMM `triton_tem_fused_conv_N`.
 
-Layer: back end (GPU), beside templates.py (it imports only `autotune` for next_pow2 and
-`templates` for the dtype spellings and the int32 limit). codegen_triton.generate asks `conv_applies`
+Layer: back end (GPU), beside templates.py (it imports `autotune` for next_pow2, `template_tuning`
+for the split-K bound, `templates` for the dtype spellings and the int32 limit, `triton_kernel` for
+the target's SM count). codegen_triton.generate asks `conv_applies`
 about each `conv2d` ExternKernel and prints `conv_template`'s text as one more kernel; the launcher
 treats it as a "template" kernel (templates.template_configs, template_grid: the same M × N × K
 block shapes, groups along program_id(1)).
@@ -19,9 +20,19 @@ only on the sides that have padding). Two K loops:
     input's memory order: (c, kh, kw) for NCHW, (kh, kw, c) when channels are innermost. The accumulator is float32
 (`tl.dot`, IEEE for float32 operands); the bias is added in the epilogue before the one store.
 
+Split-K (issue 14): where the chapter's 128 x 128 tiles leave SMs idle (ResNet-50's layer4 at batch
+32: 52 tiles on 132 SMs) and K is long, the text takes SPLIT_K as a constexpr (`conv_split_max`).
+Program (tile, split), split = program_id(2), sums its slice of the K loop's steps (PER from t_lo; SPLIT_K divides them),
+stores its float32 partial tile into [SPLIT_K_MAX, groups, M, N] scratch, and arrives at its
+tile's counter (`triton_helpers.last_arrival`, as §6.5's one-kernel split); the last to arrive
+sums the SPLIT_K partials in split order 0..SPLIT_K-1 (deterministic) and runs the epilogue. One
+launch. Whether and how far to split is not a rule (k >= 128·max(m, n) does not hold for a conv):
+template_tuning's `_conv_splits` adds SPLIT_K 2, 3, 4 candidates and Alg. 9.1 measures them.
+
 Consumes: a `conv2d` ExternKernel (inputs [x, weight(, bias)] as buffer names or strided views,
 params stride / padding / dilation / groups) and the layouts of its operand buffers.
-Produces: (kernel name, source, operand buffers, numels [groups, M, N, K]). Sizes and strides
+Produces: (kernel name, source, operand buffers, numels [groups, M, N, K], `ConvSplit` or None:
+the split's scratch, which the wrapper allocates). Sizes and strides
 are constants of the text (static shapes only; otherwise the host fallback runs).
 
 Where to look:
@@ -29,16 +40,20 @@ Where to look:
   - `_CONV_BODY` .............. the kernel text
   - `_TAP_LOOP`, `_FLAT_LOOP` . the two K loops; `uses_tap_loop` chooses
   - `_k_split` ................ the flat loop's k → (c, kh, kw) in the input's memory order
+  - `_SPLIT_HEAD`, `_SPLIT_EPILOGUE`  split-K: the program's steps; partials, the last one combines
   - `conv_template` ........... the entry
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import sympy
 
 from .autotune import next_pow2
+from .template_tuning import conv_split_max
 from .templates import GROUPED_PIDS, INT32_LIMIT, TEMPLATE_DTYPES
+from .triton_kernel import current_target
 
 _PTR = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 
@@ -63,13 +78,45 @@ x_row = {x_row}
 co = g * N + rn
 w_col = {w_col}
 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-{loop}{bias}out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+{loop}{epilogue}"""
+
+_EPILOGUE = """\
+{bias}out_mask = (rm[:, None] < M) & (rn[None, :] < N)
 tl.store(out_ptr0 + ({out_index}), acc.to({out_dtype}), out_mask)"""
+
+# split-K (`SPLIT_K` > 1, a measured candidate): program (tile, split) sums its slice of the K loop's steps
+_SPLIT_HEAD = """\
+# §9.8 split-K: program_id(2) is this program's slice of the K loop's steps, PER of them from t_lo
+# (SPLIT_K divides STEPS, so no step is masked, and SPLIT_K = 1 is the unsplit loop)
+split = tl.program_id(2){to64} if SPLIT_K > 1 else 0
+STEPS: tl.constexpr = {steps}
+tl.static_assert(STEPS % SPLIT_K == 0, "SPLIT_K must divide the K loop's steps")
+PER: tl.constexpr = STEPS // SPLIT_K
+t_lo = split * PER
+"""
+
+_SPLIT_EPILOGUE = """\
+out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+last = True
+if SPLIT_K > 1:
+    # §9.8 split-K in one launch: each split stores its float32 partial tile; the last of the tile's
+    # SPLIT_K programs to arrive at its counter sums the partials in split order 0..SPLIT_K-1 (the
+    # same result whatever order they arrived in) and runs the epilogue
+    part = {part}
+    tl.store(partials_ptr + (split * {gmn} + part), acc, out_mask)
+    last = triton_helpers.last_arrival(counts_ptr + (g * grid_m * grid_n + pid), SPLIT_K)
+    # (a fresh sum: this program's own partial is stored, so its registers are free for the sum)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if last:
+        for z in tl.static_range(SPLIT_K):
+            acc += tl.load(partials_ptr + (z * {gmn} + part), mask=out_mask, other=0.0)
+if last:
+{epilogue}"""
 
 
 # K as one run of C·KH·KW (few channels per group: the first layer, depthwise)
 _FLAT_LOOP = """\
-for k0 in range(0, K, BLOCK_K):
+{split}for k0 in range({k_range}, BLOCK_K):
     rk = k0 + tl.arange(0, BLOCK_K){to64}
 {k_split}
     ih = ih0[:, None] + {kh_term}
@@ -83,7 +130,7 @@ for k0 in range(0, K, BLOCK_K):
 # K as taps × blocks of channels: one tap per step, so the window test is per row, not per element
 _TAP_LOOP = """\
 CB = (CG + BLOCK_K - 1) // BLOCK_K
-for t in range(0, {taps} * CB):
+{split}for t in range({t_range}):
     tap = t // CB
     rc = (t % CB) * BLOCK_K + tl.arange(0, BLOCK_K){to64}
     kh = tap // {KW}
@@ -179,16 +226,19 @@ def uses_tap_loop(cg: int) -> bool:
     return cg >= TAP_MIN_CHANNELS
 
 
-def _loop(e, x, w, to64: str) -> str:
-    """The K loop: flat over C·KH·KW, or taps × channel blocks (`uses_tap_loop`)."""
+def _loop(e, x, w, to64: str, split: bool) -> str:
+    """The K loop: flat over C·KH·KW, or taps × channel blocks (`uses_tap_loop`); with `split`,
+    over the program's slice of its steps only (`_SPLIT_HEAD`)."""
     (_, _, h, wd), (_, cg, kh, kw) = (tuple(int(s) for s in t.shape) for t in (x, w))
     sx, sw_ = ([int(s) for s in t.stride] for t in (x, w))
     dh, dw = e.params["dilation"]
     spatial = _spatial_mask(e.params["padding"], h, wd)
     precision = ', input_precision="ieee"' if e.dtype.name == "float32" else ""
     if uses_tap_loop(cg):
+        head = _SPLIT_HEAD.format(to64=to64, steps=f"{kh * kw} * (({cg} + BLOCK_K - 1) // BLOCK_K)") if split else ""
         text = f"CG = {cg}\n" + _TAP_LOOP.format(
-            taps=kh * kw, KW=kw, to64=to64, spatial=spatial, precision=precision,
+            taps=kh * kw, KW=kw, to64=to64, spatial=spatial, precision=precision, split=head,
+            t_range="t_lo, t_lo + PER" if split else f"0, {kh * kw} * CB",
             kh_term=_mul("kh", dh)[0], kw_term=_mul("kw", dw)[0],
             a_row=_sum(_mul("ih", sx[2]) + _mul("iw", sx[3])), x_c=_sum(_mul("rc[None, :]", sx[1])),
             w_tap="".join(t + " + " for t in _mul("kh", sw_[2]) + _mul("kw", sw_[3])),
@@ -196,13 +246,15 @@ def _loop(e, x, w, to64: str) -> str:
         return text
     return _FLAT_LOOP.format(
         to64=to64, spatial=spatial, precision=precision,
+        split=_SPLIT_HEAD.format(to64=to64, steps=f"({int(w.shape[1]) * kh * kw} + BLOCK_K - 1) // BLOCK_K") if split else "",
+        k_range="t_lo * BLOCK_K, (t_lo + PER) * BLOCK_K" if split else "0, K",
         k_split="\n".join(_k_split(cg, kh, kw, sx[1] == 1 and cg > 1)),
         kh_term=_mul("kh_k[None, :]", dh)[0], kw_term=_mul("kw_k[None, :]", dw)[0],
         x_k=_sum(_mul("c_k[None, :]", sx[1]) + _mul("ih", sx[2]) + _mul("iw", sx[3])),
         w_k=_sum(_mul("c_k[:, None]", sw_[1]) + _mul("kh_k[:, None]", sw_[2]) + _mul("kw_k[:, None]", sw_[3])))
 
 
-def _body(e, x, w, bias, big: bool) -> str:
+def _body(e, x, w, bias, big: bool, split: bool) -> str:
     """The kernel body: the sizes, strides and parameters of this convolution filled in."""
     cg = int(w.shape[1])
     _, c_out, oh, ow = (int(s) for s in e.layout.shape)
@@ -216,45 +268,74 @@ def _body(e, x, w, bias, big: bool) -> str:
         bias_lines = (f"# epilogue: the bias, added to the float32 accumulator\n"
                       f"bias = tl.load(in_ptr2 + ({b_index}), mask=rn < N, other=0.0).to(tl.float32)\n"
                       f"acc = acc + bias[None, :]\n")
+    epilogue = _EPILOGUE.format(
+        bias=bias_lines, out_dtype=TEMPLATE_DTYPES[e.dtype.name],
+        out_index=_sum(_mul("img[:, None]", so[0]) + _mul("co[None, :]", so[1])
+                       + _mul("oh[:, None]", so[2]) + _mul("ow[:, None]", so[3])))
+    if split:        # partials [SPLIT_K, groups, M, N], float32
+        epilogue = _SPLIT_EPILOGUE.format(
+            part=_sum(_mul("g", m * n) + _mul("rm[:, None]", n) + ["rn[None, :]"]), gmn=groups * m * n,
+            epilogue="\n".join("    " + line for line in epilogue.split("\n") if "out_mask =" not in line))
     return _CONV_BODY.format(
         M=m, N=n, K=k, OHOW=oh * ow, OW=ow, OH=oh, to64=to64,
         ih0=_sum(_mul("oh", sh)) + (f" - {pt}" if pt else ""), iw0=_sum(_mul("ow", sw)) + (f" - {pl}" if pl else ""),
         x_row=_sum(([str(int(x.offset))] if int(x.offset) else []) + _mul("img", sx[0]) + _mul("g", cg * sx[1])),
         w_col=_sum(([str(int(w.offset))] if int(w.offset) else []) + _mul("co", sw_[0])),
-        loop=_loop(e, x, w, to64), bias=bias_lines,
-        out_index=_sum(_mul("img[:, None]", so[0]) + _mul("co[None, :]", so[1])
-                       + _mul("oh[:, None]", so[2]) + _mul("ow[:, None]", so[3])),
-        out_dtype=TEMPLATE_DTYPES[e.dtype.name])
+        loop=_loop(e, x, w, to64, split), epilogue=epilogue)
 
 
 # ---- The entry ----
 
 
+@dataclass
+class ConvSplit:
+    """A split-capable conv's scratch: float32 partials [SPLIT_K_MAX, groups, M, N] (allocated per
+    call) and one int32 counter per output tile of the smallest block (zeroed once, kept: each
+    launch leaves them 0, `triton_helpers.last_arrival`)."""
+    partials: str
+    partials_numel: int
+    counts: str
+    counts_numel: int
+
+
 def conv_template(index: int, e, lowered) -> tuple:
-    """(kernel name, kernel source, the buffers its launch passes, its numels [groups, M, N, K]);
-    K is the extent the K loop blocks: C/groups·KH·KW (flat loop) or C/groups (tap loop)."""
+    """(kernel name, kernel source, the buffers its launch passes, its numels [groups, M, N, K],
+    the split's scratch or None); K is the extent the K loop blocks: C/groups·KH·KW (flat loop)
+    or C/groups (tap loop). Where 128 x 128 tiles leave SMs idle (`conv_split_max`), the text
+    takes SPLIT_K as a constexpr and Alg. 9.1 measures split candidates beside the unsplit ones."""
     ops = [_operand(v, lowered) for v in e.inputs]
     layouts = [layout for _, _, layout in ops]
-    big = _is_big(layouts + [e.layout])
-    bias = layouts[2] if len(layouts) > 2 else None
-    body = _body(e, layouts[0], layouts[1], bias, big)
     groups, m, n, k = _gemm_sizes(e, layouts[0].shape, layouts[1].shape)
-    cg = int(layouts[1].shape[1])
-    k = cg if uses_tap_loop(cg) else k      # the blocked K extent: BLOCK_K candidates fit it
+    sm_count = current_target().sm_count
+    most = conv_split_max(m, n, k, groups, sm_count)
+    big = _is_big(layouts + [e.layout]) or most * groups * m * n >= INT32_LIMIT
+    bias = layouts[2] if len(layouts) > 2 else None
+    body = _body(e, layouts[0], layouts[1], bias, big, most > 1)
+    cg, taps = int(layouts[1].shape[1]), int(layouts[1].shape[2]) * int(layouts[1].shape[3])
+    tap_loop = uses_tap_loop(cg)
+    k = cg if tap_loop else k      # the blocked K extent: BLOCK_K candidates fit it
     name = f"triton_tem_fused_conv_{index}"
     ptr, numel_type = _PTR[e.dtype.name], "i64" if big else "i32"
     signature = {f"in_ptr{i}": ptr for i in range(len(ops))}
-    signature.update({"out_ptr0": ptr, "bnumel": numel_type, "mnumel": numel_type,
-                      "nnumel": numel_type, "knumel": numel_type})
+    signature["out_ptr0"] = ptr
+    if most > 1:
+        signature.update({"partials_ptr": "*fp32", "counts_ptr": "*i32"})
+    signature.update({"bnumel": numel_type, "mnumel": numel_type, "nnumel": numel_type, "knumel": numel_type})
     hints = {"b": next_pow2(groups), "m": next_pow2(m), "n": next_pow2(n), "k": next_pow2(k)}
     consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr", "BLOCK_K : tl.constexpr",
-              "GROUP_M : tl.constexpr"]
+              "GROUP_M : tl.constexpr"] + (["SPLIT_K : tl.constexpr"] if most > 1 else [])
+    meta = (f", meta={{'SPLIT_K_MAX': {most}, 'K_TAPS': {taps if tap_loop else 1}, 'SM_COUNT': {sm_count}}}"
+            if most > 1 else "")
     params = e.params
     src = (f"# {name}: computes {', '.join(dict.fromkeys(e.origins))} (conv2d stride={params['stride']}, "
            f"padding={params['padding']}, dilation={params['dilation']}, groups={params['groups']}) "
-           f"as an implicit GEMM\n"
-           f"@triton_heuristics.template(size_hints={hints!r}, signature={signature!r})\n"
+           f"as an implicit GEMM" + (f", split-K up to {most} (measured)" if most > 1 else "") + "\n"
+           f"@triton_heuristics.template(size_hints={hints!r}, signature={signature!r}{meta})\n"
            f"@triton.jit\n"
            f"def {name}({', '.join(list(signature) + consts)}):\n"
            + "\n".join("    " + line if line else line for line in body.split("\n")) + "\n")
-    return name, src, [name_ for name_, _, _ in ops], [groups, m, n, k]
+    split = None
+    if most > 1:     # a counter per tile of the smallest block any configuration takes (16 x 16)
+        split = ConvSplit(f"{e.name}_partials", most * groups * m * n, f"conv_counts_{index}",
+                          groups * -(-m // 16) * -(-n // 16))
+    return name, src, [name_ for name_, _, _ in ops], [groups, m, n, k], split

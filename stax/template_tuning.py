@@ -2,10 +2,12 @@
 
 Layer: back end (GPU), launch time: imports only `autotune` (next_pow2). triton_heuristics.py
 imports it for a template kernel (a warm start needs no sympy and no printer), and templates.py
-(the kernel text) reads GROUP_M and the split-K and precision choices from here.
+(the kernel text) reads GROUP_M and the split-K and precision choices from here, conv_template.py
+the conv's split-K bound (`conv_split_max`).
 
 Consumes the numels a template launch passes (`bnumel`, `mnumel`, `nnumel`, `knumel`) and the
-facts its decorator carries (`meta`: the element size, SPLIT_K, the tuning key); produces the
+facts its decorator carries (`meta`: the element size, SPLIT_K, the tuning key; a conv's
+SPLIT_K_MAX, K_TAPS, SM_COUNT); produces the
 candidate configurations (Alg. 9.1's set), the grid (Def. 9.1) and the max-autotune space.
 
 Where to look:
@@ -15,12 +17,13 @@ Where to look:
   - `set_float32_matmul_precision` the global precision setting (tl.dot's input_precision)
   - `template_configs`, `template_grid`, `template_tuning_space`  §9.6 for the templates
   - `_small_m`, `launch_bound` ... the candidates a GEMM of a few rows keeps, and when it measures none
+  - `conv_split_max`, `_conv_splits`  the conv template's split-K: measured candidates, not a rule
 """
 from __future__ import annotations
 
 import math
 
-from .autotune import ASSUMED_BANDWIDTH, TARGET_PROGRAMS, next_pow2
+from .autotune import ASSUMED_BANDWIDTH, MAX_CANDIDATES, TARGET_PROGRAMS, next_pow2
 
 GROUP_M = 8                   # Prop. 9.4: near the optimum 2·√W for W ≈ one program per SM
 SMEM_BUDGET = 227 * 1024      # bytes of shared memory one block may use on an H100/H200 (sm_90)
@@ -28,6 +31,10 @@ SPLIT_K_RATIO = 128           # §9.8: split K when k ≥ 128·max(m, n)
 SPLIT_K_MIN_PIECE = 256       # each split multiplies at least this much of K
 SPLIT_K_MAX = 128             # bounds the partials' traffic: s × m × n float32 written and read
 SMALL_M = 16                  # rows up to which every candidate's BLOCK_M is 16 (`_small_m`)
+CONV_SPLITS = (2, 3, 4)       # the conv template's split-K factors, measured where tiles leave SMs idle
+CONV_SPLIT_MIN_STEPS = 4      # BLOCK_K steps each split accumulates, at least
+CONV_SPLIT_DEFAULT_K = 1024   # K each split of the unmeasured default sums, at least
+CONV_SPLIT_CANDIDATES = 8     # split candidates measured beside the MAX_CANDIDATES unsplit ones
 LAUNCH_MS = 0.005             # about one launch's host time on the H200's host (6.8 µs, RESULTS.md)
 PRECISIONS = {"highest": "ieee", "high": "tf32", "medium": "tf32"}
 _precision = ["highest"]      # PyTorch's default: float32 matmuls in IEEE float32
@@ -105,6 +112,48 @@ def split_k_factor(m: int, n: int, k: int, batch: int, sm_count: int) -> int:
     return max(1, min(s, SPLIT_K_MAX, k // SPLIT_K_MIN_PIECE))
 
 
+def conv_split_max(m: int, n: int, k: int, groups: int, sm_count: int) -> int:
+    """The largest SPLIT_K a conv template's candidates may take (its float32 partials are sized
+    for it when the code is generated): split only where the chapter's 128 x 128 tiles leave SMs
+    idle, each split at least CONV_SPLIT_MIN_STEPS steps of the smallest BLOCK_K (16); else 1.
+    The chapter's static rule k >= 128·max(m, n) does not hold for a conv (ResNet-50's layer4:
+    m 1568, n 512, k 4608, 52 tiles on 132 SMs), so which split runs is measured (`_conv_splits`)."""
+    if math.ceil(m / 128) * math.ceil(n / 128) * groups >= sm_count:
+        return 1
+    return max([1] + [s for s in CONV_SPLITS if k // s >= CONV_SPLIT_MIN_STEPS * 16])
+
+
+def _conv_splits(configs: list, numels: dict) -> list:
+    """A split-capable conv's candidates (meta SPLIT_K_MAX > 1): each unsplit one with SPLIT_K 1,
+    then, up to CONV_SPLIT_CANDIDATES, each whose tiles leave SMs idle with SPLIT_K 2, 3, 4 (at most
+    two programs per SM; s divides the K loop's steps, the kernel's unmasked slices, with at least
+    CONV_SPLIT_MIN_STEPS a split), for Alg. 9.1 to measure. The default
+    (first) is split when its tiles fill under half the SMs and each split still sums
+    CONV_SPLIT_DEFAULT_K of K: the largest such s, up to one program per SM."""
+    m, n, k, b = (int(numels.get(f"{p}numel", 1)) for p in "mnkb")
+    most, taps, sms = int(numels["SPLIT_K_MAX"]), int(numels.get("K_TAPS", 1)), int(numels["SM_COUNT"])
+
+    def tiles(c):
+        return -(-m // c["BLOCK_M"]) * -(-n // c["BLOCK_N"]) * b
+
+    def fits(c, s):           # the s splits share the K loop's steps evenly, enough steps each
+        steps = taps * -(-k // c["BLOCK_K"])
+        return steps % s == 0 and steps // s >= CONV_SPLIT_MIN_STEPS
+    plain = [{**c, "SPLIT_K": 1} for c in configs[:MAX_CANDIDATES]]
+    splits = [{**c, "SPLIT_K": s} for c in plain for s in CONV_SPLITS
+              if s <= most and tiles(c) < sms and tiles(c) * s <= 2 * sms and fits(c, s)]
+    first = plain[0]
+    default = [s for s in CONV_SPLITS if s <= most and tiles(first) * 2 < sms and fits(first, s)
+               and taps * k // s >= CONV_SPLIT_DEFAULT_K and tiles(first) * s <= max(sms, 2 * tiles(first))]
+    head = [{**first, "SPLIT_K": max(default)}] if default else []
+    return head + plain + [c for c in splits if c not in head][:CONV_SPLIT_CANDIDATES - len(head)]
+
+
+def candidate_limit(numels: dict) -> int:
+    """How many candidates Alg. 9.1 measures: MAX_CANDIDATES, and a split conv's split ones."""
+    return MAX_CANDIDATES + (CONV_SPLIT_CANDIDATES if int(numels.get("SPLIT_K_MAX", 1)) > 1 else 0)
+
+
 # ---- §9.6 Launch configurations and the grid ----
 
 
@@ -133,6 +182,8 @@ def template_configs(numels: dict) -> list:
             out.append(cfg)
     if m <= SMALL_M:
         out = _small_m(out, n, int(numels.get("bnumel", 1)))
+    if int(numels.get("SPLIT_K_MAX", 1)) > 1:
+        out = _conv_splits(out, numels)
     return out
 
 
@@ -160,15 +211,19 @@ def launch_bound(numels: dict) -> bool:
     return m <= SMALL_M and nbytes / ASSUMED_BANDWIDTH * 1e3 < LAUNCH_MS
 
 
-def template_tuning_space(start: dict) -> dict:
-    """Definition 9.2's Π for mode="max-autotune" (GROUP_M stays the chapter's 8, SPLIT_K the
-    generator's s: the partials' buffer is sized for it)."""
+def template_tuning_space(start: dict, numels: dict | None = None) -> dict:
+    """Definition 9.2's Π for mode="max-autotune" (GROUP_M stays the chapter's 8, a matmul's
+    SPLIT_K the generator's s: the partials' buffer is sized for it; a conv's any s up to the
+    SPLIT_K_MAX its partials are sized for: one that does not divide the K loop's steps fails the
+    kernel's static_assert, so it costs inf, never a wrong sum)."""
     space = {"BLOCK_M": [16, 32, 64, 128, 256], "BLOCK_N": [16, 32, 64, 128, 256],
              "BLOCK_K": [16, 32, 64, 128], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
              "GROUP_M": [GROUP_M]}
     for fixed in ("SPLIT_K", "NUM_SMS"):
         if fixed in start:
             space[fixed] = [start[fixed]]
+    if "SPLIT_K" in start and int((numels or {}).get("SPLIT_K_MAX", 1)) > 1:
+        space["SPLIT_K"] = list(range(1, int(numels["SPLIT_K_MAX"]) + 1))
     for name, value in start.items():
         if value not in space[name]:
             space[name] = sorted(space[name] + [value])

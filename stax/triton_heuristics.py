@@ -89,8 +89,9 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
 def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> list:
     """§9.6's candidate set C, the heuristic default first."""
     if kind == "template":
-        from .template_tuning import template_configs, template_grid
-        return autotune.launchable(template_configs(numels), lambda c: template_grid(numels, c))
+        from .template_tuning import candidate_limit, template_configs, template_grid
+        return autotune.launchable(template_configs(numels), lambda c: template_grid(numels, c),
+                                   candidate_limit(numels))
     if kind.startswith("attention"):
         from .attention_kernels import attention_configs, attention_grid
         return autotune.launchable(attention_configs(numels, kind), lambda c: attention_grid(numels, c))
@@ -101,7 +102,7 @@ def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) ->
     """Definition 9.2's Π for mode="max-autotune"."""
     if kind == "template":
         from .template_tuning import template_tuning_space
-        return template_tuning_space(start)
+        return template_tuning_space(start, numels)
     if kind.startswith("attention"):
         from .attention_kernels import attention_tuning_space
         return attention_tuning_space(start, numels)

@@ -255,7 +255,7 @@ out = {}
 for path in sys.argv[1:]:
     name, source = json.loads(open(path).read())
     k = kernel_from_source(name, source)
-    numels = {p + "numel": n for p, n in k.size_hints.items()}
+    numels = {**{p + "numel": n for p, n in k.size_hints.items()}, **k.meta}
     for i, cfg in enumerate(candidates(k.kind, numels)):
         cubin, info, _ = k.compile_for(90, cfg)
         out[f"{path}:{i}"] = (cubin[:4] == b"\\x7fELF", info.num_warps)
@@ -307,3 +307,153 @@ def test_gpu_template_reads_broadcast_and_sliced_operands_in_place(rng):
     assert list(gen.kernels) == ["triton_tem_fused_conv_0"]
     src = gen.kernels["triton_tem_fused_conv_0"]
     assert "x_row = g * 480" in src and "w_col = 288 + co * 144" in src and "in_ptr2 + (1 + co * 2)" in src
+
+
+# ---- split-K (issue 14): SPLIT_K a measured candidate; the last split of a tile combines ----
+
+
+@pytest.fixture
+def split_default(monkeypatch, tmp_path):
+    """Make the unmeasured default (what Triton's interpreter runs) the split with factor s, at
+    test sizes: any K per split (one step is enough), a private cache (an artifact compiled under
+    other knobs is not reused); on a real GPU the default runs unmeasured too (STAX_AUTOTUNE=0)."""
+    from stax import template_tuning
+    monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STAX_AUTOTUNE", "0")
+    monkeypatch.setattr(template_tuning, "CONV_SPLIT_DEFAULT_K", 1)
+    monkeypatch.setattr(template_tuning, "CONV_SPLIT_MIN_STEPS", 0)
+
+    def use(s):
+        monkeypatch.setattr(template_tuning, "CONV_SPLITS", (s,))
+    return use
+
+
+def _run_split(fn, args, s):
+    """fn compiled and run on the device; asserts the conv kernel ran with SPLIT_K = s."""
+    cf = stax.compile(fn)
+    out = cf(*[a.to("cuda") if isinstance(a, stax.Tensor) else a for a in args]).cpu()
+    module = cf.artifacts[next(iter(cf.artifacts))][0].__globals__
+    (kernel,) = [v for k, v in module.items() if k.startswith("triton_tem_fused_conv")]
+    assert kernel.config["SPLIT_K"] == s, kernel.config
+    src = cf.last_generated.kernels[kernel.name]
+    assert "SPLIT_K : tl.constexpr" in src and "triton_helpers.last_arrival(counts_ptr" in src
+    assert "zeroed_workspace_cuda('conv_counts_" in cf.last_generated.wrapper
+    return out, src
+
+
+# split-K's cases: SPLIT_K must divide the K loop's steps, so each has 12 or 24 of them (2, 3, 4 all fit)
+SPLIT_CASES = {
+    "flat_5x5_s21": ((2, 15, 9, 8), (5, 5, 5), (2, 1), (2, 1), 1, 1, True),          # K 375: 12 steps of 32
+    "flat_groups_dil": ((1, 30, 11, 11), (6, 5, 5), 1, 2, (2, 1), 2, False),
+    "taps_2x2_pad": ((2, 70, 5, 6), (8, 2, 2), 1, 1, 1, 1, True),                    # 4 taps x 3 blocks of 32
+    "taps_groups_dil_s2": ((1, 140, 9, 8), (6, 2, 2), 2, (1, 0), (2, 1), 2, True),
+    "taps_1x1": ((1, 360, 4, 5), (4, 1, 1), 1, 0, 1, 1, False),                      # 12 blocks of 32
+}
+
+
+@pytest.mark.parametrize("s", [2, 3, 4])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_gpu_split_k_matches_the_direct_loop(case, s, split_default, rng):
+    """Both K loops split 2, 3, 4 ways (K not a multiple of BLOCK_K, odd channel counts), stride,
+    padding, dilation, groups, with and without the bias, relu after it."""
+    split_default(s)
+    xs, ws, stride, pad, dil, groups, bias = SPLIT_CASES[case]
+    x, w, b = _inputs(rng, xs, ws, groups, bias)
+    kw = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+    if b is None:
+        out, src = _run_split(lambda x, w: stax.relu(stax.conv2d(x, w, **kw)), [x, w], s)
+    else:
+        out, src = _run_split(lambda x, w, b: stax.relu(stax.conv2d(x, w, b, **kw)), [x, w, b], s)
+    ref = direct_conv(f64(x), f64(w), None if b is None else f64(b), _pair(stride), _pad4(pad), _pair(dil), groups)
+    assert_close(out, np.maximum(ref, 0), stax.float32)
+    assert ("for t in range(t_lo, t_lo + PER)" in src) == case.startswith("taps")
+    assert ("bias = tl.load" in src) == bias
+
+
+@pytest.mark.parametrize("s", [2, 3])
+def test_gpu_split_k_channels_last_bf16_and_int64(s, split_default, monkeypatch, rng):
+    """Channels-last input read in place, split: the tap loop in bf16, the flat loop in float32 with
+    int64 offsets (forced by a lower limit)."""
+    from stax import conv_template
+    split_default(s)
+    x_nhwc = stax.tensor(rng.standard_normal((2, 6, 5, 48)), dtype=stax.float32).to(stax.bfloat16)
+    w = stax.tensor(rng.standard_normal((16, 48, 3, 3)), dtype=stax.float32).to(stax.bfloat16)
+    b = stax.tensor(rng.standard_normal(16), dtype=stax.float32).to(stax.bfloat16)
+    x = x_nhwc.to("cuda").permute(0, 3, 1, 2)
+    out, _ = _run_split(lambda x, w, b: stax.conv2d(x, w, b, padding=1), [x, w, b], s)
+    ref = direct_conv(f64(x_nhwc.permute(0, 3, 1, 2)), f64(w), f64(b), padding=_pad4(1))
+    assert out.dtype is stax.bfloat16
+    assert_close(out.double(), ref, stax.bfloat16)
+    monkeypatch.setattr(conv_template, "INT32_LIMIT", 1)
+    x_nhwc = stax.tensor(rng.standard_normal((2, 9, 8, 6)), dtype=stax.float32)
+    w = stax.tensor(rng.standard_normal((5, 6, 5, 6)), dtype=stax.float32)        # K 180: 6 steps of 32
+    x = x_nhwc.to("cuda").permute(0, 3, 1, 2)
+    out, src = _run_split(lambda x, w: stax.conv2d(x, w, stride=2, padding=(0, 1)), [x, w], s)
+    assert_close(out, direct_conv(f64(x_nhwc.permute(0, 3, 1, 2)), f64(w), None, (2, 2), _pad4((0, 1))), stax.float32)
+    assert "c_k = rk % 6" in src and "split = tl.program_id(2).to(tl.int64) if SPLIT_K > 1 else 0" in src
+
+
+def _layer4(batch: int):
+    x = stax.randn(batch, 7, 7, 512).to(stax.bfloat16).permute(0, 3, 1, 2)
+    w = stax.randn(512, 3, 3, 512).to(stax.bfloat16).permute(0, 3, 1, 2)
+    return stax.generate(lambda x, w: stax.conv2d(x, w, padding=1), x, w, device="cuda")
+
+
+def test_split_k_candidates_are_measured_and_the_default_splits_small_grids():
+    """ResNet-50's layer4 (batch 32: 52 tiles of 128 x 128 on the H200's 132 SMs) gets SPLIT_K 2, 3, 4
+    candidates beside the unsplit ones, the default unsplit (64 x 64: 200 tiles); at batch 8 the
+    default's 56 tiles fill under half the SMs, so it splits; layer1 (M = 100352) never splits."""
+    from stax.template_tuning import template_tuning_space
+    from stax.triton_heuristics import candidates, kernel_from_source
+    gen = _layer4(32)
+    ((name, src),) = gen.kernels.items()
+    assert "SPLIT_K : tl.constexpr" in src and "'SPLIT_K_MAX': 4" in src and "split-K up to 4 (measured)" in src
+    assert "buf0_partials = empty_strided_cuda((3211264,), (1,), stax.float32)" in gen.wrapper
+    numels = {"bnumel": 1, "mnumel": 1568, "nnumel": 512, "knumel": 512, **kernel_from_source(name, src).meta}
+    cands = candidates("template", numels)
+    assert cands[0]["SPLIT_K"] == 1 and (cands[0]["BLOCK_M"], cands[0]["BLOCK_N"]) == (64, 64)
+    big = {c["SPLIT_K"] for c in cands if (c["BLOCK_M"], c["BLOCK_N"]) == (128, 128)}
+    assert big == {1, 2, 3, 4} and len(cands) <= 16
+    assert all(c["SPLIT_K"] == 1 for c in cands if (c["BLOCK_M"], c["BLOCK_N"]) == (64, 64))
+    assert all((9 * 512 // c["BLOCK_K"]) % c["SPLIT_K"] == 0 for c in cands)     # SPLIT_K divides the steps
+    assert template_tuning_space(cands[0], numels)["SPLIT_K"] == [1, 2, 3, 4]
+    ((name8, src8),) = _layer4(8).kernels.items()
+    numels8 = {**numels, "mnumel": 392, **kernel_from_source(name8, src8).meta}
+    assert candidates("template", numels8)[0]["SPLIT_K"] == 2
+    x = stax.randn(32, 56, 56, 64).to(stax.bfloat16).permute(0, 3, 1, 2)
+    w = stax.randn(64, 3, 3, 64).to(stax.bfloat16).permute(0, 3, 1, 2)
+    gen1 = stax.generate(lambda x, w: stax.conv2d(x, w, padding=1), x, w, device="cuda")
+    assert "SPLIT_K" not in next(iter(gen1.kernels.values())) and "partials" not in gen1.wrapper
+
+
+SM90_SPLIT_BUILD = """
+import json, os, re, subprocess, sys, tempfile
+import triton
+from stax.triton_heuristics import candidates, kernel_from_source
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+name, source, numels = json.loads(open(sys.argv[1]).read())
+k = kernel_from_source(name, source)
+out = []
+for cfg in candidates(k.kind, {**numels, **k.meta}):
+    if cfg["SPLIT_K"] > 1:
+        cubin, info, _ = k.compile_for(90, cfg)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+            fh.write(cubin)
+            fh.flush()
+            usage = subprocess.run([tool, "--dump-resource-usage", fh.name], capture_output=True, text=True,
+                                   check=True).stdout
+        out.append([cfg, {k: int(v) for k, v in re.findall(r"(REG|STACK|LOCAL):(\\d+)", usage)}])
+print(json.dumps(out))
+"""
+
+
+def test_split_k_layer4_builds_for_sm90_without_spills(tmp_path):
+    """Every split candidate of ResNet-50's layer4 conv builds for sm_90 (no GPU needed), with no
+    registers spilled (cuobjdump's STACK and LOCAL are 0)."""
+    import json
+    ((name, src),) = _layer4(32).kernels.items()
+    path = tmp_path / "layer4.json"
+    path.write_text(json.dumps([name, src, {"bnumel": 1, "mnumel": 1568, "nnumel": 512, "knumel": 512}]))
+    built = run_outside_interpreter(SM90_SPLIT_BUILD, str(path))
+    assert len(built) >= 6 and {cfg["SPLIT_K"] for cfg, _ in built} == {2, 3, 4}
+    assert all(use["STACK"] == 0 and use["LOCAL"] == 0 and use["REG"] > 0 for _, use in built), built
