@@ -328,13 +328,15 @@ class Generated:
             "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
 
 
-def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Generated:
-    """Lower, schedule and print one captured graph, or find its module in the artifact cache."""
+def _compile_graph(graph, device: str, name: str, use_cache: bool = False, values: dict | None = None) -> Generated:
+    """Lower, schedule and print one captured graph, or find its module in the artifact cache.
+    `values`: placeholder name -> the call's tensor, whose values the attention rewrite may
+    specialize on (graph.value_guards, which the caller checks: runtime.guard_values)."""
     from . import runtime
     cuda = device.startswith("cuda")
     if cuda:                         # §9.10: hand-written attention becomes the flash template
         from .fuse_attention import fuse_attention
-        graph = fuse_attention(graph)
+        graph = fuse_attention(graph, values)
     _log("graph", name, graph.format())
     path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
     if path is not None and not (_logs() & {"ir", "schedule"}) and not _OBSERVERS:   # a miss reads the remote level
@@ -396,6 +398,16 @@ def _device_of(args) -> str:
     return devs.pop() if len(devs) == 1 else "cpu"
 
 
+def _input_values(graph, args, kwargs) -> dict:
+    """Placeholder name -> the call's tensor (§9.10: values a rewrite may specialize on); none
+    when inputs share memory (their placeholders are views of a base)."""
+    tensors = _capture.input_tensors(args, kwargs)
+    ph = [n for n in graph.inputs if n.op == "placeholder"]
+    if len(ph) != len(tensors) or _capture.call_aliasing(args, kwargs) is not None:
+        return {}
+    return {n.name: t for n, t in zip(ph, tensors)}
+
+
 def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Generated:
     """The code `stax.compile(fn)` would run on these inputs, without running it."""
     from .capture import capture
@@ -404,7 +416,7 @@ def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Genera
         from . import aot_autograd       # §5: the forward's code, the backward's as .backward
         return aot_autograd.generate(getattr(fn, "fn", fn), example_inputs, kwargs, device, name, _compile_graph)
     graph, _ = capture(fn, list(example_inputs), kwargs)
-    return _compile_graph(graph, device, name)
+    return _compile_graph(graph, device, name, values=_input_values(graph, example_inputs, kwargs))
 
 
 class CompiledFunction:
@@ -438,6 +450,7 @@ class CompiledFunction:
         self._fast = None               # the last call's specialize.LastCall
         self._lock = threading.RLock()
         self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
+        self.by_value = True            # §9.10: a mask may be found causal by its values (guarded)
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
@@ -485,13 +498,21 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
-        fast = self._fast
-        if fast is not None and not kwargs:
-            out = self._call_again(fast, args)
-            if out is not _MISS:
-                return out
-        if current_tracer() is not None:        # called from inside another compiled function: inline it
-            return self.fn(*args, **kwargs)
+        try:
+            fast = self._fast
+            if fast is not None and not kwargs:
+                out = self._call_again(fast, args)
+                if out is not _MISS:
+                    return out
+            if current_tracer() is not None:    # called from inside another compiled function: inline it
+                return self.fn(*args, **kwargs)
+            return self._call(args, kwargs)
+        except _capture.ValuesChanged as e:     # §9.10 (raised before any kernel ran)
+            self._values_changed(str(e))
+            self.stats["calls"] -= 1
+            return self(*args, **kwargs)
+
+    def _call(self, args, kwargs):
         self._prepare(args, kwargs)
         if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
             return self._call_training(args, kwargs)    # §5: a forward and a backward artifact
@@ -622,7 +643,8 @@ class CompiledFunction:
             if dynamic is not None and graphed is not None:
                 _log("cudagraphs", name, f"{name}_forward and {name}_backward are not wrapped in CUDA "
                      "graphs: dynamic mode (one artifact serves many shapes, §9.9)")
-            entry = aot_autograd.build(*how, graphed) if dynamic is None else aot_dynamic.build(*how, *dynamic)
+            entry = aot_autograd.build(*how, graphed, self.by_value) if dynamic is None else \
+                aot_dynamic.build(*how, *dynamic)
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
@@ -631,10 +653,26 @@ class CompiledFunction:
         if self.strict_native:
             _check_native(entry.gen_forward, name)
         entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
+        from . import runtime       # §9.10: values guarded, write-backs counted (each wrapped apart:
+        if entry.direct is not None:    # aot_autograd.run tells the two apart by identity)
+            entry.direct = runtime.guard_values(entry.direct, entry.part.forward)
+        entry.forward = runtime.guard_values(entry.forward, entry.part.forward)
         self.last_generated = entry.gen_forward
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
         return entry
+
+    def _values_changed(self, why: str):
+        """§9.10: a tensor an artifact was specialized on by its values changed: every artifact
+        goes, and masks are data from now on (a mask that changes once may change again)."""
+        with self._lock:
+            _log("recompiles", getattr(self.fn, "__name__", "fn"), f"{why}: compiling again with "
+                 "masks as data")
+            self.by_value, self.last_key = False, None
+            self.artifacts.clear()
+            self._fast = None
+            self.constants.clear()
+            self.guarded.clear()
 
     def _precision_changed(self):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
@@ -765,7 +803,7 @@ class CompiledFunction:
         if self.strict_native:
             _check_native(gen, name)
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
-        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=True)
+        call = runtime.guard_values(self._graphed(call, graph, gen, name, _device_of(args), dynamic=True), graph)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = gen
@@ -873,12 +911,14 @@ class CompiledFunction:
         if captured is None:
             return None
         graph, spec = captured
-        gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        gen = _compile_graph(graph, _device_of(args), name, use_cache=True,
+                             values=_input_values(graph, args, kwargs) if self.by_value else None)
         if self.strict_native:
             _check_native(gen, name)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=builtins.bool(graph.scalars))
+        call = runtime.guard_values(call, graph)    # §9.10: values guarded, write-backs counted
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]

@@ -82,11 +82,13 @@ class TrainingEntry:
         return self.backward
 
 
-def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None) -> TrainingEntry:
+def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None, by_value=False) -> TrainingEntry:
     """Capture the joint graph, partition it (logged under STAX_LOGS=partition) and compile the
     forward. Raises capture.GraphBreak where stax.compile's capture would. `graphed` (§9.9,
-    mode='reduce-overhead') wraps each artifact in a CUDA graph where it may be."""
-    joint = capture_joint(fn, list(args), kwargs)
+    mode='reduce-overhead') wraps each artifact in a CUDA graph where it may be. `by_value`
+    (§9.10): the attention rewrite may specialize on the inputs' values (part.forward.value_guards,
+    which the caller checks around `forward`)."""
+    joint = capture_joint(fn, list(args), kwargs, by_value=by_value)
     part = partition(joint)
     log("partition", name, part.format())
     gen = compile_graph(part.forward, device, name + "_forward", use_cache=True)
@@ -209,7 +211,7 @@ def run(entry: TrainingEntry, args, kwargs, consts, inputs=None):
 def generate(fn, args, kwargs, device, name, compile_graph):
     """stax.generate on inputs that require grad: the forward's Generated, the backward's as its
     `.backward`, and the partition as its `.partition`."""
-    part = partition(capture_joint(fn, list(args), kwargs))
+    part = partition(capture_joint(fn, list(args), kwargs, by_value=True))
     gen = compile_graph(part.forward, device, name + "_forward")
     gen.backward = compile_graph(part.backward, device, name + "_backward")
     gen.partition = part
