@@ -53,6 +53,7 @@ from .indexing import *  # noqa: F401,F403  (gathers, scatters, advanced indexin
 from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
 from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402,F401
                        set_grad_enabled)
+from .autograd import needs_grad as _needs_grad  # noqa: E402
 from .conv import conv2d  # noqa: F401  (§9.8 convolution: eager im2col, a GPU template)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
@@ -328,10 +329,10 @@ class Generated:
             "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
 
 
-def _compile_graph(graph, device: str, name: str, use_cache: bool = False, values: dict | None = None) -> Generated:
+def _compile_graph(graph, device: str, name: str, use_cache: bool = False, values=None) -> Generated:
     """Lower, schedule and print one captured graph, or find its module in the artifact cache.
-    `values`: placeholder name -> the call's tensor, whose values the attention rewrite may
-    specialize on (graph.value_guards, which the caller checks: runtime.guard_values)."""
+    `values`: the call, (args, kwargs), whose tensors' values the attention rewrite may specialize
+    on (graph.value_guards, which the caller checks: runtime.guard_values); None: none."""
     from . import runtime
     cuda = device.startswith("cuda")
     if cuda:                         # §9.10: hand-written attention becomes the flash template
@@ -398,16 +399,6 @@ def _device_of(args) -> str:
     return devs.pop() if len(devs) == 1 else "cpu"
 
 
-def _input_values(graph, args, kwargs) -> dict:
-    """Placeholder name -> the call's tensor (§9.10: values a rewrite may specialize on); none
-    when inputs share memory (their placeholders are views of a base)."""
-    tensors = _capture.input_tensors(args, kwargs)
-    ph = [n for n in graph.inputs if n.op == "placeholder"]
-    if len(ph) != len(tensors) or _capture.call_aliasing(args, kwargs) is not None:
-        return {}
-    return {n.name: t for n, t in zip(ph, tensors)}
-
-
 def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Generated:
     """The code `stax.compile(fn)` would run on these inputs, without running it."""
     from .capture import capture
@@ -416,7 +407,7 @@ def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Genera
         from . import aot_autograd       # §5: the forward's code, the backward's as .backward
         return aot_autograd.generate(getattr(fn, "fn", fn), example_inputs, kwargs, device, name, _compile_graph)
     graph, _ = capture(fn, list(example_inputs), kwargs)
-    return _compile_graph(graph, device, name, values=_input_values(graph, example_inputs, kwargs))
+    return _compile_graph(graph, device, name, values=(example_inputs, kwargs))
 
 
 class CompiledFunction:
@@ -653,10 +644,6 @@ class CompiledFunction:
         if self.strict_native:
             _check_native(entry.gen_forward, name)
         entry.lifts = [(pos, k) for pos, t in enumerate(entry.consts) for k, u in enumerate(lifted) if t is u]
-        from . import runtime       # §9.10: values guarded, write-backs counted (each wrapped apart:
-        if entry.direct is not None:    # aot_autograd.run tells the two apart by identity)
-            entry.direct = runtime.guard_values(entry.direct, entry.part.forward)
-        entry.forward = runtime.guard_values(entry.forward, entry.part.forward)
         self.last_generated = entry.gen_forward
         self.stats["compiles"] += 1
         self.stats["compile_seconds"] += time.perf_counter() - t0
@@ -665,19 +652,13 @@ class CompiledFunction:
     def _values_changed(self, why: str):
         """§9.10: a tensor an artifact was specialized on by its values changed: every artifact
         goes, and masks are data from now on (a mask that changes once may change again)."""
-        with self._lock:
-            _log("recompiles", getattr(self.fn, "__name__", "fn"), f"{why}: compiling again with "
-                 "masks as data")
-            self.by_value, self.last_key = False, None
-            self.artifacts.clear()
-            self._fast = None
-            self.constants.clear()
-            self.guarded.clear()
+        self.by_value, self.last_key = False, None
+        self._precision_changed(f"{why}: compiling again with masks as data")
 
-    def _precision_changed(self):
+    def _precision_changed(self, why=None):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
         with self._lock:
-            _log("recompiles", getattr(self.fn, "__name__", "fn"),
+            _log("recompiles", getattr(self.fn, "__name__", "fn"), why or
                  f"float32 matmul precision changed from {self._precision!r} to {_tuning._precision[0]!r}")
             self.artifacts.clear()
             self._fast = None
@@ -912,7 +893,7 @@ class CompiledFunction:
             return None
         graph, spec = captured
         gen = _compile_graph(graph, _device_of(args), name, use_cache=True,
-                             values=_input_values(graph, args, kwargs) if self.by_value else None)
+                             values=(args, kwargs) if self.by_value else None)
         if self.strict_native:
             _check_native(gen, name)
         from . import runtime
@@ -954,23 +935,6 @@ def _check_native(gen, name):
         raise RuntimeError(f"stax.compile(strict_native=True): {name} needs host fallback kernels "
                            f"for {', '.join(ops)} (no generated code for them on this back end); "
                            "drop strict_native=True to run them with their eager implementation")
-
-
-def _needs_grad(values) -> bool:
-    """Does any tensor among `values` (nested in lists, tuples, dicts) take part in autograd?"""
-    if not autograd.is_grad_enabled():
-        return False
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, Tensor):
-            if v.requires_grad:
-                return True
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return False
 
 
 def explain(fn, *inputs, timing: bool = True, **kwargs):

@@ -36,6 +36,7 @@ from .autograd import GradNode, _edge, _version
 from .capture import input_tensors, unflatten
 from .cudagraph import graph_owned
 from .partition import capture_joint, partition
+from .runtime import guard_values
 from .tensor import Meta, zeros
 from .tensor_ops import clone, to_dtype
 
@@ -97,6 +98,15 @@ def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None
     if graphed is not None:
         entry.graphed, entry.direct, entry.log = graphed, entry.forward, log
         entry.forward = graphed(entry.forward, part.forward, gen, name + "_forward", False)
+    return guarded(entry)
+
+
+def guarded(entry: TrainingEntry) -> TrainingEntry:
+    """§9.10: the forward checks its value guards and counts its write-backs (runtime.guard_values;
+    the direct call and the replayed one each wrapped apart: `run` tells them apart by identity)."""
+    if entry.direct is not None:
+        entry.direct = guard_values(entry.direct, entry.part.forward)
+    entry.forward = guard_values(entry.forward, entry.part.forward)
     return entry
 
 

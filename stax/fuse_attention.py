@@ -48,7 +48,7 @@ import numpy as np
 
 from .attention_kernels import as_operand, make_spec
 from . import autograd
-from .capture import Node, _apply_view, _contiguous_strides
+from .capture import Node, _apply_view, _contiguous_strides, call_aliasing, input_tensors
 from .dtypes import bool_, float32
 from .op_table import OPS
 from .template_tuning import input_precision
@@ -399,14 +399,22 @@ def _template_match(graph, mm2: Node) -> AttentionMatch | None:
     return m
 
 
-def fuse_attention(graph, values: dict | None = None):
+def _call_values(graph, call) -> dict:
+    """Input node name -> tensor: the call's (args, kwargs) behind the placeholders (none when
+    inputs share memory: their placeholders are views of a base), and the graph's constants."""
+    tensors = input_tensors(*call)
+    ph = [n for n in graph.inputs if n.op == "placeholder"]
+    own = len(ph) == len(tensors) and call_aliasing(*call) is None
+    return {**({n.name: t for n, t in zip(ph, tensors)} if own else {}), **graph.constants}
+
+
+def fuse_attention(graph, call=None):
     """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph.
-    `values` (placeholder name -> the call's tensor; the constants are the graph's own): a mask
-    computed from these alone may be found causal by its values, guarded; None: masks stay data."""
+    `call`: the (args, kwargs) captured; a mask computed from its tensors and the graph's
+    constants alone may be found causal by their values (guarded); None: masks stay data."""
     if not rewrite_enabled():
         return graph
-    if values is not None:
-        values = {**values, **graph.constants}
+    values = _call_values(graph, call) if call is not None else None
     for mm2 in [n for n in graph.nodes if n.op == "matmul"]:
         m = _template_match(graph, mm2)
         if m is not None:
