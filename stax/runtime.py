@@ -198,7 +198,7 @@ class GuardedCall:
     see compiled writes too. A CUDA graph's token calls (specialize.LastCall) are passed through."""
 
     def __init__(self, call, checks, writes):
-        self.call, self.checks, self.writes = call, checks, writes
+        self.inner, self.checks, self.writes = call, checks, writes
         if hasattr(call, "call_with_token"):
             self.call_with_token, self.replay_again = self._call_with_token, self._replay_again
 
@@ -215,7 +215,7 @@ class GuardedCall:
     def __call__(self, args):
         self._check(args)
         written = self._written(args)
-        outs = self.call(args)
+        outs = self.inner(args)
         for st in written:
             st.version += 1
         return outs
@@ -223,7 +223,7 @@ class GuardedCall:
     def _call_with_token(self, args):
         self._check(args)
         written = self._written(args)
-        outs, token = self.call.call_with_token(args)
+        outs, token = self.inner.call_with_token(args)
         for st in written:
             st.version += 1
         return outs, token
@@ -231,7 +231,7 @@ class GuardedCall:
     def _replay_again(self, token):
         self._check(token[0])
         written = self._written(token[0])
-        outs = self.call.replay_again(token)
+        outs = self.inner.replay_again(token)
         if outs is not None:
             for st in written:
                 st.version += 1
