@@ -34,6 +34,8 @@ what autograd makes of softmax and two matmuls, a second pattern as long as the 
 Where to look:
   - `_match_scores` ......... S' back to the first matmul: scale, masks
   - `_match` ................ the whole pattern at one matmul
+  - `_causal_values` ........ a mask that is data (nanoGPT's tril buffer), causal by its values:
+                              computed once per compile, its tensors guarded (graph.value_guards)
   - `_rewrite` .............. one match -> the sdpa node
   - `fuse_attention(graph)` . the entry point
   - `fuse_attention_for_training` . §5: the forward half of a joint graph, and its autograd tape

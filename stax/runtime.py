@@ -1,7 +1,8 @@
 """Runtime: loading generated modules, and the names a generated wrapper calls (docs/DESIGN.md "Runtime").
 
 Layer: back end, the top (above both code generators; only `stax/__init__.py` and `__main__` sit
-higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`) and,
+higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`),
+capture's `ValuesChanged` and,
 lazily for GPU modules, `triton_heuristics`. It never imports a code generator: a warm start
 loads a module from the artifact cache without them.
 
