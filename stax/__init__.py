@@ -53,6 +53,7 @@ from .indexing import *  # noqa: F401,F403  (gathers, scatters, advanced indexin
 from . import autograd  # noqa: E402  (§5 eager autograd: binds .backward, .grad_fn, .detach)
 from .autograd import (enable_grad, inference_mode, is_grad_enabled, no_grad,  # noqa: E402,F401
                        set_grad_enabled)
+from .autograd import needs_grad as _needs_grad  # noqa: E402
 from .conv import conv2d  # noqa: F401  (§9.8 convolution: eager im2col, a GPU template)
 from .memory import empty_cache, memory_stats, reset_peak_memory_stats  # noqa: F401 (host allocator)
 from . import math_ops as _math_ops_mod, shape_ops as _shape_ops_mod, tensor_ops as _tensor_ops_mod
@@ -328,13 +329,15 @@ class Generated:
             "\n\n".join(self.kernels.values()) + "\n\n" + self.wrapper
 
 
-def _compile_graph(graph, device: str, name: str, use_cache: bool = False) -> Generated:
-    """Lower, schedule and print one captured graph, or find its module in the artifact cache."""
+def _compile_graph(graph, device: str, name: str, use_cache: bool = False, values=None) -> Generated:
+    """Lower, schedule and print one captured graph, or find its module in the artifact cache.
+    `values`: the call, (args, kwargs), whose tensors' values the attention rewrite may specialize
+    on (graph.value_guards, which the caller checks: runtime.guard_values); None: none."""
     from . import runtime
     cuda = device.startswith("cuda")
     if cuda:                         # §9.10: hand-written attention becomes the flash template
         from .fuse_attention import fuse_attention
-        graph = fuse_attention(graph)
+        graph = fuse_attention(graph, values)
     _log("graph", name, graph.format())
     path = runtime.artifact_path(graph, device, _target(device)) if use_cache else None
     if path is not None and not (_logs() & {"ir", "schedule"}) and not _OBSERVERS:   # a miss reads the remote level
@@ -404,7 +407,7 @@ def generate(fn, *example_inputs, device: str | None = None, **kwargs) -> Genera
         from . import aot_autograd       # §5: the forward's code, the backward's as .backward
         return aot_autograd.generate(getattr(fn, "fn", fn), example_inputs, kwargs, device, name, _compile_graph)
     graph, _ = capture(fn, list(example_inputs), kwargs)
-    return _compile_graph(graph, device, name)
+    return _compile_graph(graph, device, name, values=(example_inputs, kwargs))
 
 
 class CompiledFunction:
@@ -438,6 +441,7 @@ class CompiledFunction:
         self._fast = None               # the last call's specialize.LastCall
         self._lock = threading.RLock()
         self._precision = _tuning._precision[0]    # §9.8: the float32 matmul precision compiled for
+        self.by_value = True            # §9.10: a mask may be found causal by its values (guarded)
         if _RUN_REGISTRY is not None:
             _RUN_REGISTRY.append(self)
 
@@ -485,13 +489,21 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         self.stats["calls"] += 1
-        fast = self._fast
-        if fast is not None and not kwargs:
-            out = self._call_again(fast, args)
-            if out is not _MISS:
-                return out
-        if current_tracer() is not None:        # called from inside another compiled function: inline it
-            return self.fn(*args, **kwargs)
+        try:
+            fast = self._fast
+            if fast is not None and not kwargs:
+                out = self._call_again(fast, args)
+                if out is not _MISS:
+                    return out
+            if current_tracer() is not None:    # called from inside another compiled function: inline it
+                return self.fn(*args, **kwargs)
+            return self._call(args, kwargs)
+        except _capture.ValuesChanged as e:     # §9.10 (raised before any kernel ran)
+            self._values_changed(str(e))
+            self.stats["calls"] -= 1
+            return self(*args, **kwargs)
+
+    def _call(self, args, kwargs):
         self._prepare(args, kwargs)
         if _needs_grad(args) or (kwargs and _needs_grad(list(kwargs.values()))):
             return self._call_training(args, kwargs)    # §5: a forward and a backward artifact
@@ -622,7 +634,8 @@ class CompiledFunction:
             if dynamic is not None and graphed is not None:
                 _log("cudagraphs", name, f"{name}_forward and {name}_backward are not wrapped in CUDA "
                      "graphs: dynamic mode (one artifact serves many shapes, §9.9)")
-            entry = aot_autograd.build(*how, graphed) if dynamic is None else aot_dynamic.build(*how, *dynamic)
+            entry = aot_autograd.build(*how, graphed, self.by_value) if dynamic is None else \
+                aot_dynamic.build(*how, *dynamic)
         except GraphBreak as e:
             if self.fullgraph:
                 raise GraphBreak(f"stax.compile(fullgraph=True) cannot capture {name}: {e}") from None
@@ -636,10 +649,16 @@ class CompiledFunction:
         self.stats["compile_seconds"] += time.perf_counter() - t0
         return entry
 
-    def _precision_changed(self):
+    def _values_changed(self, why: str):
+        """§9.10: a tensor an artifact was specialized on by its values changed: every artifact
+        goes, and masks are data from now on (a mask that changes once may change again)."""
+        self.by_value, self.last_key = False, None
+        self._precision_changed(f"{why}: compiling again with masks as data")
+
+    def _precision_changed(self, why=None):
         """set_float32_matmul_precision changed what the templates print (§9.8): compile again."""
         with self._lock:
-            _log("recompiles", getattr(self.fn, "__name__", "fn"),
+            _log("recompiles", getattr(self.fn, "__name__", "fn"), why or
                  f"float32 matmul precision changed from {self._precision!r} to {_tuning._precision[0]!r}")
             self.artifacts.clear()
             self._fast = None
@@ -765,7 +784,7 @@ class CompiledFunction:
         if self.strict_native:
             _check_native(gen, name)
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
-        call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=True)
+        call = runtime.guard_values(self._graphed(call, graph, gen, name, _device_of(args), dynamic=True), graph)
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
         self.last_generated = gen
@@ -873,12 +892,14 @@ class CompiledFunction:
         if captured is None:
             return None
         graph, spec = captured
-        gen = _compile_graph(graph, _device_of(args), name, use_cache=True)
+        gen = _compile_graph(graph, _device_of(args), name, use_cache=True,
+                             values=(args, kwargs) if self.by_value else None)
         if self.strict_native:
             _check_native(gen, name)
         from . import runtime
         call = runtime.load_module(gen.module, mode=self.mode, options=self.options)
         call = self._graphed(call, graph, gen, name, _device_of(args), dynamic=builtins.bool(graph.scalars))
+        call = runtime.guard_values(call, graph)    # §9.10: values guarded, write-backs counted
         consts = [graph.constants[n.name] for n in graph.inputs if n.op == "constant"]
         # a constant that is a tensor read from a global/closure/attribute is fed from it each call
         lifts = [(pos, k) for pos, t in enumerate(consts) for k, u in enumerate(lifted) if t is u]
@@ -914,23 +935,6 @@ def _check_native(gen, name):
         raise RuntimeError(f"stax.compile(strict_native=True): {name} needs host fallback kernels "
                            f"for {', '.join(ops)} (no generated code for them on this back end); "
                            "drop strict_native=True to run them with their eager implementation")
-
-
-def _needs_grad(values) -> bool:
-    """Does any tensor among `values` (nested in lists, tuples, dicts) take part in autograd?"""
-    if not autograd.is_grad_enabled():
-        return False
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, Tensor):
-            if v.requires_grad:
-                return True
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return False
 
 
 def explain(fn, *inputs, timing: bool = True, **kwargs):

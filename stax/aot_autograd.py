@@ -36,6 +36,7 @@ from .autograd import GradNode, _edge, _version
 from .capture import input_tensors, unflatten
 from .cudagraph import graph_owned
 from .partition import capture_joint, partition
+from .runtime import guard_values
 from .tensor import Meta, zeros
 from .tensor_ops import clone, to_dtype
 
@@ -82,11 +83,13 @@ class TrainingEntry:
         return self.backward
 
 
-def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None) -> TrainingEntry:
+def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None, by_value=False) -> TrainingEntry:
     """Capture the joint graph, partition it (logged under STAX_LOGS=partition) and compile the
     forward. Raises capture.GraphBreak where stax.compile's capture would. `graphed` (§9.9,
-    mode='reduce-overhead') wraps each artifact in a CUDA graph where it may be."""
-    joint = capture_joint(fn, list(args), kwargs)
+    mode='reduce-overhead') wraps each artifact in a CUDA graph where it may be. `by_value`
+    (§9.10): the attention rewrite may specialize on the inputs' values (part.forward.value_guards,
+    which the caller checks around `forward`)."""
+    joint = capture_joint(fn, list(args), kwargs, by_value=by_value)
     part = partition(joint)
     log("partition", name, part.format())
     gen = compile_graph(part.forward, device, name + "_forward", use_cache=True)
@@ -95,6 +98,15 @@ def build(fn, args, kwargs, device, name, compile_graph, load, log, graphed=None
     if graphed is not None:
         entry.graphed, entry.direct, entry.log = graphed, entry.forward, log
         entry.forward = graphed(entry.forward, part.forward, gen, name + "_forward", False)
+    return guarded(entry)
+
+
+def guarded(entry: TrainingEntry) -> TrainingEntry:
+    """§9.10: the forward checks its value guards and counts its write-backs (runtime.guard_values;
+    the direct call and the replayed one each wrapped apart: `run` tells them apart by identity)."""
+    if entry.direct is not None:
+        entry.direct = guard_values(entry.direct, entry.part.forward)
+    entry.forward = guard_values(entry.forward, entry.part.forward)
     return entry
 
 
@@ -209,7 +221,7 @@ def run(entry: TrainingEntry, args, kwargs, consts, inputs=None):
 def generate(fn, args, kwargs, device, name, compile_graph):
     """stax.generate on inputs that require grad: the forward's Generated, the backward's as its
     `.backward`, and the partition as its `.partition`."""
-    part = partition(capture_joint(fn, list(args), kwargs))
+    part = partition(capture_joint(fn, list(args), kwargs, by_value=True))
     gen = compile_graph(part.forward, device, name + "_forward")
     gen.backward = compile_graph(part.backward, device, name + "_backward")
     gen.partition = part

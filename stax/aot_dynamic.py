@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .aot_autograd import TrainingEntry
+from .aot_autograd import TrainingEntry, guarded
 from .capture import Node, _contiguous_strides, input_tensors, tensor_layouts
 from .dtypes import bool_
 from .dynshape import ShapeEnv
@@ -161,4 +161,4 @@ def build(fn, args, kwargs, device, name, compile_graph, load, log, env, dims, s
     entry = TrainingEntry(name, device, part, joint, load(gen.module), consts, compile_graph, load, gen)
     entry.dyn = Sizes(symbols, [env.sources[s] for s in symbols], {s: env.ranges[s] for s in symbols}, log)
     entry.guard = guard
-    return entry
+    return guarded(entry)

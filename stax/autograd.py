@@ -52,6 +52,23 @@ def is_grad_enabled() -> bool:
     return _mode.enabled
 
 
+def needs_grad(values) -> bool:
+    """Does any tensor among `values` (nested in lists, tuples, dicts) take part in autograd?"""
+    if not is_grad_enabled():
+        return False
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Tensor):
+            if v.requires_grad:
+                return True
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return False
+
+
 class _GradModeContext:
     """Sets grad mode to `self.mode` inside a `with` block or a decorated function."""
     mode = True

@@ -78,6 +78,9 @@ class Graph:
     hints: dict = field(default_factory=dict)       # size symbol -> the example's size (Alg. 6.1's choice)
     index32: bool = False                           # §10.3: int32 indices guarded (ShapeEnv.index32)
     scalars: list = field(default_factory=list)     # run-time float arguments' names (§10.4), call order
+    # §9.10 inputs whose values the code was specialized on: input node -> (why, a weakref of its
+    # storage, its version then); runtime.guard_values checks them on every call
+    value_guards: dict = field(default_factory=dict)
 
     def format(self) -> str:
         lines = [f"{n.name}: {_fmt_meta(n.meta)} = {n.op}()" for n in self.inputs]
@@ -94,11 +97,19 @@ class Graph:
         lines += [f"check {c}" for c in self.checks]
         if self.index32:
             lines.append("indices < 2**31 (guarded)")   # (also part of the artifact key)
+        lines += [f"values of {n.name} guarded: {why}" for n, (why, _, _) in self.value_guards.items()]
         return "\n".join(lines)
 
 
 class GraphBreak(Exception):
     """The function cannot be captured as one graph (data-dependent control flow, §3.4)."""
+
+
+class ValuesChanged(Exception):
+    """§9.10 A tensor whose values a compiled artifact was specialized on (`Graph.value_guards`: a
+    mask found causal, fuse_attention.py) is another tensor at this call, or was written to since
+    (runtime.guard_values raises it before any kernel runs): the caller, CompiledFunction, compiles
+    again without specializing on values."""
 
 
 # ---- §3 The tracer: what tensor._dispatch calls while a function is being captured ----

@@ -34,6 +34,8 @@ what autograd makes of softmax and two matmuls, a second pattern as long as the 
 Where to look:
   - `_match_scores` ......... S' back to the first matmul: scale, masks
   - `_match` ................ the whole pattern at one matmul
+  - `_causal_values` ........ a mask that is data (nanoGPT's tril buffer), causal by its values:
+                              computed once per compile, its tensors guarded (graph.value_guards)
   - `_rewrite` .............. one match -> the sdpa node
   - `fuse_attention(graph)` . the entry point
   - `fuse_attention_for_training` . §5: the forward half of a joint graph, and its autograd tape
@@ -41,14 +43,18 @@ Where to look:
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .attention_kernels import as_operand, make_spec
 from . import autograd
-from .capture import Node, _contiguous_strides
+from .capture import Node, _apply_view, _contiguous_strides, call_aliasing, input_tensors
 from .dtypes import bool_, float32
+from .op_table import OPS
 from .template_tuning import input_precision
-from .tensor import Meta, Tensor
+from .tensor import VIEW_OPS, Meta, Tensor, _run_eager, set_tracer
 
 NEG_INF = float("-inf")
 
@@ -169,6 +175,101 @@ def _is_causal(keep: Node, score_shape: tuple, drop: bool = False) -> bool:
     return _arange_along(rows, m, -2, rank) and _arange_along(cols, n, -1, rank)
 
 
+# ---- §9.10 A mask that is data: causal by its values, read once per compile ----
+#
+# nanoGPT's mask is a buffer, `tril(ones(block, block))`, read as `self.bias[:, :, :T, :T] == 0`
+# from a module attribute (a lifted constant, capture.py) or passed as an argument (a
+# placeholder); `tril` inside the function records comparisons of aranges under a `where`. Either
+# way the aranges test above does not see it. When the function compiles, the mask's values are
+# known: `_mask_values` computes them from the real tensors behind its leaves (eagerly, the ops the
+# call would run), and a mask whose values are exactly the top-left causal pattern takes the
+# causal loop. The code then no longer reads those tensors, so it is right only while they hold
+# those values: each leaf tensor becomes a value guard (graph.value_guards: its storage and its
+# version, which every write bumps), checked on every call by runtime.guard_values; another tensor
+# there, or a write to it since, raises runtime.ValuesChanged and the function compiles again with
+# the mask as data (`values=None` from then on: a mask that changes is data).
+
+MASK_VALUES_LIMIT = 1 << 24     # elements: a larger mask is not read at compile time
+
+
+def _mask_leaves(mask: Node) -> tuple | None:
+    """(the input nodes the mask is computed from, its op nodes), or None when an op in between
+    is not a deterministic elementwise, view or factory op (a random mask differs per call)."""
+    leaves, ops, todo = [], [], [mask]
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, Node) or any(x is y for y in leaves + ops):
+            continue
+        if x.op in ("placeholder", "constant"):
+            leaves.append(x)
+            continue
+        d = OPS.get(x.op)
+        if d is None or d.fallback or d.kind not in ("unary", "binary", "pointwise", "view", "factory"):
+            return None
+        ops.append(x)
+        todo += [y for a in x.inputs for y in (a if isinstance(a, list) else [a])]
+    return leaves, ops
+
+
+def _mask_values(graph, mask: Node, values: dict) -> tuple | None:
+    """(the mask's values as a numpy array, the input nodes they came from), computed from the
+    real tensors in `values` (input node name -> tensor); None when it reads anything else."""
+    found = _mask_leaves(mask)
+    n = 1
+    for d in mask.meta.shape:
+        n *= d if isinstance(d, int) else MASK_VALUES_LIMIT
+    if found is None or n > MASK_VALUES_LIMIT:
+        return None
+    leaves, ops = found
+    # only device tensors: their memory is written through Stax alone (eager writes and compiled
+    # write-backs bump the version); a CPU tensor may share an ndarray's memory (from_numpy)
+    env = {x: values.get(x.name) for x in leaves}
+    if any(t is None or t._storage is None or not str(t.device).startswith("cuda") for t in env.values()):
+        return None
+    order = [x for x in graph.nodes if any(x is y for y in ops)]
+    prev = set_tracer(None)                  # (training: this runs while the joint graph is traced)
+    try:
+        with autograd.no_grad():
+            for x in order:
+                args = [[env[y] for y in a] if isinstance(a, list) else env[a] if isinstance(a, Node) else a
+                        for a in x.inputs]
+                env[x] = _apply_view(args[0], x.op, x.params) if x.op in VIEW_OPS else \
+                    _run_eager(x.op, args, x.params, [x.meta])[0]
+                if tuple(env[x].shape) != tuple(x.meta.shape):
+                    return None
+    finally:
+        set_tracer(prev)
+    return np.asarray(env[mask]._compute()), leaves
+
+
+def _causal_values(graph, m: AttentionMatch, score_shape: tuple, values: dict) -> list | None:
+    """The input nodes to guard when the mask's values are exactly the top-left causal pattern of
+    a [.., M, N] score (query i keeps keys j <= i, PyTorch's is_causal also for M != N): a bool
+    mask that keeps (or with `drop` drops) just those, or an additive one of 0 there and -inf
+    elsewhere; None otherwise. The mask must broadcast to the score as it is (dropping it must
+    not change the result's shape)."""
+    shape = tuple(m.mask.meta.shape)
+    if len(shape) > len(score_shape) or any(d not in (1, s) for d, s in zip(shape[::-1], score_shape[::-1])):
+        return None
+    got = _mask_values(graph, m.mask, values)
+    if got is None:
+        return None
+    a, leaves = got
+    mq, nk = score_shape[-2:]
+    tri = np.arange(nk)[None, :] <= np.arange(mq)[:, None]
+    if a.dtype == np.bool_:
+        ok = np.all((~a if m.drop else a) == tri)
+    else:
+        ok = np.all(np.where(tri, a == 0, a == NEG_INF))
+    return leaves if ok else None
+
+
+def _guard_values(graph, leaves: list, values: dict, why: str):
+    for x in leaves:
+        st = values[x.name]._storage
+        graph.value_guards[x] = (why, weakref.ref(st), st.version)
+
+
 def _match(mm2: Node, uses: dict) -> AttentionMatch | None:
     """The whole pattern ending at `mm2` = matmul(P, V), or None."""
     p, v = mm2.inputs
@@ -249,12 +350,19 @@ def _keep_of(graph, m: AttentionMatch, before: Node) -> Node:
     return node
 
 
-def _rewrite(graph, mm2: Node, m: AttentionMatch) -> tuple:
+def _rewrite(graph, mm2: Node, m: AttentionMatch, values: dict | None = None) -> tuple:
     """Turn `mm2` into the `sdpa` node of match `m`, removing what only the pattern read;
-    (K, the template's mask or None, causal)."""
+    (K, the template's mask or None, causal). `values`: the real tensors behind input nodes, by
+    name, whose values a mask may be found causal by (guarded); None: none."""
     key = _key_of(graph, m, mm2)
-    causal = m.mask is not None and m.mask.meta.dtype.name == "bool" and _is_causal(
-        m.mask, tuple(m.q.meta.shape[:-1]) + (key.meta.shape[-2],), m.drop)
+    score = tuple(m.q.meta.shape[:-1]) + (key.meta.shape[-2],)
+    causal = m.mask is not None and m.mask.meta.dtype.name == "bool" and _is_causal(m.mask, score, m.drop)
+    if m.mask is not None and not causal and values is not None:
+        leaves = _causal_values(graph, m, score, values)
+        if leaves is not None:
+            causal = True
+            _guard_values(graph, leaves, values, f"the mask of sdpa_{mm2.name} is causal by its values "
+                          "(is_causal=True)")
     if causal:
         m.used += _ancestors(m.mask)          # no M x N mask in memory: the template's causal loop
     mask = None if m.mask is None or causal else _keep_of(graph, m, mm2) if m.drop else m.mask
@@ -293,14 +401,26 @@ def _template_match(graph, mm2: Node) -> AttentionMatch | None:
     return m
 
 
-def fuse_attention(graph):
-    """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph."""
+def _call_values(graph, call) -> dict:
+    """Input node name -> tensor: the call's (args, kwargs) behind the placeholders (none when
+    inputs share memory: their placeholders are views of a base), and the graph's constants."""
+    tensors = input_tensors(*call)
+    ph = [n for n in graph.inputs if n.op == "placeholder"]
+    own = len(ph) == len(tensors) and call_aliasing(*call) is None
+    return {**({n.name: t for n, t in zip(ph, tensors)} if own else {}), **graph.constants}
+
+
+def fuse_attention(graph, call=None):
+    """Rewrite every matched attention pattern in place into one `sdpa` node; returns the graph.
+    `call`: the (args, kwargs) captured; a mask computed from its tensors and the graph's
+    constants alone may be found causal by their values (guarded); None: masks stay data."""
     if not rewrite_enabled():
         return graph
+    values = _call_values(graph, call) if call is not None else None
     for mm2 in [n for n in graph.nodes if n.op == "matmul"]:
         m = _template_match(graph, mm2)
         if m is not None:
-            _rewrite(graph, mm2, m)
+            _rewrite(graph, mm2, m, values)
     return graph
 
 
@@ -403,15 +523,21 @@ def _retape(tracer, mm2: Node, m: AttentionMatch, key: Node, mask: Node | None, 
     grad_fn.__dict__.update(autograd.GradNode("sdpa", tensors, mm2.params, out).__dict__)
 
 
-def fuse_attention_for_training(tracer, leaves: list, outputs: list) -> list:
+def fuse_attention_for_training(tracer, leaves: list, outputs: list, real: list | None = None) -> list:
     """§5: rewrite the forward traced so far (the function's result: `leaves`, their nodes
     `outputs`) before its backward is traced; the names of the `sdpa` nodes made. Only for the
     GPU, as `fuse_attention` (on the CPU the ordinary kernels beat a float64 host op), with
-    static sizes; a pattern no gradient flows through is left to `fuse_attention`."""
+    static sizes; a pattern no gradient flows through is left to `fuse_attention`. `real`: the
+    call's tensors (placeholder sources), whose values a mask may be found causal by; None: none."""
     graph = tracer.graph
     matmuls = [n for n in graph.nodes if n.op == "matmul" and str(n.meta.device).startswith("cuda")]
     if not rewrite_enabled() or tracer.shape_env is not None or not matmuls:
         return []
+    values = None
+    if real is not None:
+        values = {n.name: real[tracer.sources[n]] for n in graph.inputs
+                  if n.op == "placeholder" and tracer.sources.get(n, len(real)) < len(real)}
+        values.update(graph.constants)
     tape, made = _tape(tracer, leaves), []
     kept, graph.outputs = graph.outputs, list(graph.outputs) + list(outputs)   # (outputs are uses)
     try:
@@ -425,7 +551,7 @@ def fuse_attention_for_training(tracer, leaves: list, outputs: list) -> list:
             ts = _pattern_tensors(tracer, out, set(m.used) | {m.k_t})
             if ts is None or not _trainable(m, mm2, ts):
                 continue
-            key, mask, causal = _rewrite(graph, mm2, m)
+            key, mask, causal = _rewrite(graph, mm2, m, values)
             _retape(tracer, mm2, m, key, mask, causal, ts)
             made.append(mm2.name)
     finally:

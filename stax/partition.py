@@ -78,8 +78,9 @@ def _tangent(tracer, leaf, source):
     return Tensor._proxy(tracer._proxy_meta(node.meta), node)
 
 
-def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
-    """Run `fn` on proxies taking part in autograd, then the backward from tangent placeholders."""
+def _run_joint(fn, tracer, real, args, kwargs, sized_ints=(), by_value=False):
+    """Run `fn` on proxies taking part in autograd, then the backward from tangent placeholders.
+    `by_value`: the rewrite may find a mask causal by the values of `real` (guarded, §9.10)."""
     proxies = _input_proxies(tracer, real, None)
     for p, t in zip(proxies, real):
         p.requires_grad = t.requires_grad
@@ -93,7 +94,7 @@ def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
     spec = _flatten(result, leaves, lambda t: _input_alias(t, tracer) if t._node is not None else None)
     outs = [tracer._node_of(x) for x in leaves]
     # §9.10: hand-written attention becomes sdpa before its backward is traced (no N x N saved)
-    fused = fuse_attention_for_training(tracer, leaves, outs) if leaves else []
+    fused = fuse_attention_for_training(tracer, leaves, outs, real if by_value else None) if leaves else []
     diff = [k for k, x in enumerate(leaves) if x.requires_grad and x.dtype.is_floating_point]
     tangents = [_tangent(tracer, leaves[k], len(real) + j) for j, k in enumerate(diff)]
     wrt = [p for p, t in enumerate(real) if t.requires_grad]
@@ -121,11 +122,13 @@ def _run_joint(fn, tracer, real, args, kwargs, sized_ints=()):
 
 
 def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dynamic_dims=None,
-                  sized_ints=()) -> Joint:
+                  sized_ints=(), by_value=False) -> Joint:
     """§5: the joint forward+backward graph of `fn` on these inputs. Raises capture.GraphBreak
     where capture would (data-dependent control flow, print). With a `shape_env` (§10.4) sizes
     are symbols, as capture.capture makes them (`dynamic_dims`, `sized_ints`: the int arguments'
-    carriers, placed after the call's tensors), and the backward computes with the same symbols."""
+    carriers, placed after the call's tensors), and the backward computes with the same symbols.
+    `by_value` (§9.10): a mask computed from the inputs' values alone may be found causal by them
+    (the forward graph's value_guards)."""
     kwargs = kwargs or {}
     _reject_ndarrays(list(args) + [kwargs[k] for k in sorted(kwargs)])
     tracer = Tracer(shape_env, dynamic_dims)
@@ -134,7 +137,7 @@ def capture_joint(fn, args: list, kwargs: dict | None = None, shape_env=None, dy
     try:
         with _print_breaks_graph(tracer), autograd.enable_grad():
             spec, outs, diff, tangents, wrt, grads, fused = _run_joint(fn, tracer, real, args, kwargs,
-                                                                        sized_ints)
+                                                                        sized_ints, by_value)
     finally:
         set_tracer(prev)
     g = tracer.graph
@@ -307,7 +310,7 @@ def _forward(joint, saved):
     g = joint.graph
     mutated = {i for i, _ in g.mutations}
     fwd = Graph(inputs=[n for n in g.inputs if n not in joint.tangents], mutations=list(g.mutations),
-                constants=dict(g.constants))
+                constants=dict(g.constants), value_guards=dict(g.value_guards))
     copies, saved_from, extra = [], [], []
     outs = g.outputs[:joint.n_out]
     for n in saved:

@@ -1,7 +1,8 @@
 """Runtime: loading generated modules, and the names a generated wrapper calls (docs/DESIGN.md "Runtime").
 
 Layer: back end, the top (above both code generators; only `stax/__init__.py` and `__main__` sit
-higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`) and,
+higher). It imports `cache` (and its `storage_ctype`), `cuda`, the tensor runtime (`tensor`),
+capture's `ValuesChanged` and,
 lazily for GPU modules, `triton_heuristics`. It never imports a code generator: a warm start
 loads a module from the artifact cache without them.
 
@@ -21,6 +22,8 @@ Where to look:
     (compiled at first launch), carrying `stax.compile`'s mode and options to each kernel
   - `artifact_path`, `save_artifact`, `load_artifact`  §11.1 across processes: a record sealed with
     its sha256 and checked for structure when read back; a bad one is logged, removed, regenerated
+  - `guard_values` .............................. §9.10 an artifact specialized on tensors' values
+    (a mask found causal): checked on each call; write-backs counted as writes (versions)
   - `_exec_wrapper` ............................. runs the wrapper's text itself (cache.exec_source),
     never the file mirrored beside it in `<cache>/py`
 """
@@ -32,6 +35,7 @@ from types import SimpleNamespace
 
 from . import cache, cublas, cuda, memory
 from .cache import storage_ctype
+from .capture import ValuesChanged
 from .dtypes import DTYPES
 from .tensor import Meta, Storage, Tensor, _contig, _meta, _numel, _run_eager, get_num_threads
 
@@ -183,6 +187,66 @@ def load_module(module, mode=None, options=None):
     if module.kind == "triton":
         return load_gpu_module(module.source, mode, options)
     return load_cpu_module(module.source, module.cdefs, module.wrapper)
+
+
+# ---- §9.10 Artifacts specialized on values: the guard around `call` ----
+
+
+class GuardedCall:
+    """`call(args)` that first checks the value guards (the very storage, at the version it had)
+    and afterwards counts each write-back into an input as a write to it (its storage's version),
+    as eager's in-place ops do: the guards of other artifacts, and autograd's saved-tensor checks,
+    see compiled writes too. A CUDA graph's token calls (specialize.LastCall) are passed through."""
+
+    def __init__(self, call, checks, writes):
+        self.inner, self.checks, self.writes = call, checks, writes
+        if hasattr(call, "call_with_token"):
+            self.call_with_token, self.replay_again = self._call_with_token, self._replay_again
+
+    def _check(self, args):
+        for pos, ref, version, why in self.checks:
+            st = args[pos]._storage
+            if st is not ref() or st.version != version:
+                raise ValuesChanged(f"{why}; its tensor is {'another one' if st is not ref() else 'written to'} now")
+
+    def _written(self, args) -> list:
+        """The storages the write-backs update (taken first: a wrapper clears `args` as it runs)."""
+        return [args[pos]._storage for pos in self.writes]
+
+    def __call__(self, args):
+        self._check(args)
+        written = self._written(args)
+        outs = self.inner(args)
+        for st in written:
+            st.version += 1
+        return outs
+
+    def _call_with_token(self, args):
+        self._check(args)
+        written = self._written(args)
+        outs, token = self.inner.call_with_token(args)
+        for st in written:
+            st.version += 1
+        return outs, token
+
+    def _replay_again(self, token):
+        self._check(token[0])
+        written = self._written(token[0])
+        outs = self.inner.replay_again(token)
+        if outs is not None:
+            for st in written:
+                st.version += 1
+        return outs
+
+
+def guard_values(call, graph):
+    """`call` guarded by `graph.value_guards` and counting its `graph.mutations` (GuardedCall);
+    `call` itself when the graph has neither. The call's arguments are the graph's inputs in order."""
+    pos = {id(n): k for k, n in enumerate(graph.inputs)}
+    checks = [(pos[id(n)], ref, version, f"the values of {n.name} changed: {why}")
+              for n, (why, ref, version) in graph.value_guards.items() if id(n) in pos]
+    writes = sorted({pos[id(inp)] for inp, _ in graph.mutations if id(inp) in pos})
+    return GuardedCall(call, checks, writes) if checks or writes else call
 
 
 # ---- §11.1 The artifact cache: a captured graph's generated module, across processes ----

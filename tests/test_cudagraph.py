@@ -92,7 +92,7 @@ def fake():
 def graphed(cf):
     """The GraphedCall of a compiled function's one artifact (None: not wrapped)."""
     (entry,) = cf.artifacts.values()
-    call = entry[0]
+    call = getattr(entry[0], "inner", entry[0])     # (runtime.GuardedCall: it writes an input)
     return call if isinstance(call, cudagraph.GraphedCall) else None
 
 
