@@ -45,7 +45,7 @@ from .specialize import (Rekey, arg_at, describe_change, describe_dims, dynamic_
                          rank_key_of, sized_ints, user_stacklevel)
 from .specialize import LastCall as _LastCall, scalar_key as _scalar_key
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
+from .tensor import Tensor, _ALIASES, _TLS, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
@@ -547,10 +547,19 @@ class CompiledFunction:
         same layout (`LastCall.similar`): their key, aliasing and guards are the last call's; what
         can change between calls is checked again (the tracer, grad, the matmul precision, the
         values the function reads besides its arguments). _MISS: the full path."""
-        if fast.reads is not self.reads or current_tracer() is not None or _tuning._precision[0] is not self._precision:
+        if fast.reads is not self.reads or _TLS.tracer is not None or _tuning._precision[0] is not self._precision:
             return _MISS
-        if not fast.same(args, autograd._mode.enabled):     # a new batch: its own memo if its key is the same
-            if (fast := fast.similar(args, autograd._mode.enabled, self.ndarrays)) is None:
+        grad = autograd._mode.enabled
+        hot = fast.hot
+        if hot is not None:     # a CUDA graph's replay of the last call's very tensors (cudagraph.py)
+            outs = hot(args, grad)
+            if outs.__class__ is tuple:
+                return outs[0] if fast.spec is None else fast.result(outs, args)
+            same = outs is None         # (None: these tensors; the graph was recorded again)
+        else:
+            same = fast.same(args, grad)
+        if not same:                    # a new batch: its own memo if its key is the same
+            if (fast := fast.similar(args, grad, self.ndarrays)) is None:
                 return _MISS
             self._fast = fast
         lifted = []

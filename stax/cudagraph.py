@@ -33,7 +33,7 @@ Where to look:
   - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
-  - `same_tensors` ............ the generated identity check of a call's tensors (the host path
+  - `GraphedCall.replayer` .... the generated replay of a call's very tensors again (the host path
                                 of the same tensors again, here and in `specialize.LastCall`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
@@ -41,6 +41,7 @@ Where to look:
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import warnings
@@ -270,30 +271,64 @@ def mutated_positions(graph) -> frozenset:
     return frozenset(i for i, n in enumerate(graph.inputs) if n.name in names)
 
 
-_SAME: dict = {}            # arity -> the factory of `same_tensors`' checks (compiled once per arity)
+_HOT: dict = {}             # arity -> the factory of `GraphedCall.replayer`'s functions (compiled once per arity)
+
+# The replay of a call with the last call's very tensors (issue 13: host µs per replay), generated
+# straight-line: one `is` per input and, under grad mode, one requires_grad read each (a loop over
+# 17 inputs cost about three times as much), then under the GraphedCall's lock: the recording and
+# its remembered tensors still current, the copies into staged inputs, the launch, the outputs.
+# In one function, not five calls (the entry, the check, the lock's `with`, `_replay`, `outputs`):
+# each Python call level was ~0.05-0.1 µs of the host path.
+_HOT_SOURCE = '''\
+def make({params}rec, token, acquire, release, cell, copy_in, graphed):
+    def replay(args, grad):
+        """A replay for the {n} tensors of one call again (cudagraph.GraphedCall.replayer): its
+        outputs; False: other tensors (or one requires grad now); None: these tensors, but the
+        graph was recorded again or remembers another call's tensors (call it as usual)."""
+        if len(args) != {n}:
+            return False
+{test}        acquire()
+        try:
+            if rec.again is not token:      # (a recording closed, or recorded again, has none)
+                return None
+            try:
+                if copy_in is not None:
+                    copy_in()
+                rec.launch()
+            except Exception as e:  # noqa: BLE001 -- a driver failure: the usual path runs directly
+                graphed()._break("replaying", e)
+                return None
+            cell.value += 1         # every output of earlier replays is now overwritten
+            return rec.outputs(cell)
+        finally:
+            release()
+    return replay
+'''
 
 
-def same_tensors(tensors):
-    """`same(args, grad)`: whether `args` (as many as `tensors`) are these very tensors, in order,
-    and, when `grad`, none of them requires grad now (what `specialize.LastCall` adds). Generated
-    straight-line code, one `is` per input: issue 13's host time per replay, where a loop over 17
-    inputs cost about three times as much. The check holds the tensors (a recording does anyway)."""
-    n = len(tensors)
-    make = _SAME.get(n)
+def _hot_factory(n: int):
+    make = _HOT.get(n)
     if make is None:
         ps, xs = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)]
-        body = (f"        {', '.join(xs)}, = args\n"
+        test = (f"        {', '.join(xs)}, = args\n"
                 f"        if {' or '.join(f'{a} is not {p}' for a, p in zip(xs, ps))}:\n"
                 "            return False\n"
-                f"        return not grad or not ({' or '.join(f'{a}.requires_grad' for a in xs)})\n"
-                if n else "        return True\n")
-        src = (f"def make({', '.join(ps)}):\n    def same(args, grad):\n"
-               f"        \"\"\"The {n} tensors of one call again? (cudagraph.same_tensors)\"\"\"\n"
-               f"{body}    return same\n")
+                f"        if grad and ({' or '.join(f'{a}.requires_grad' for a in xs)}):\n"
+                "            return False\n" if n else "")
+        src = _HOT_SOURCE.format(params="".join(p + ", " for p in ps), n=n, test=test)
         scope: dict = {}
-        exec(compile(src, f"<stax same_tensors/{n}>", "exec"), scope)
-        make = _SAME.setdefault(n, scope["make"])
-    return make(*tensors)
+        exec(compile(src, f"<stax cudagraph replayer/{n}>", "exec"), scope)
+        make = _HOT.setdefault(n, scope["make"])
+    return make
+
+
+def _copy_in(copies, counts) -> None:
+    """A replay's copies of staged inputs into the buffers the graph reads (before its launch)."""
+    copy = _DRIVER.copy
+    for dst, src, nbytes in copies:
+        if nbytes:
+            copy(dst, src, nbytes)
+    counts["copies"] += len(copies)
 
 
 # ---- §9.9 Recording: one captured launch sequence and what it holds alive ----
@@ -319,8 +354,8 @@ class Recording:
         # per position, the last call's (storage, meta, data pointer): a tensor passed again
         # (storage and layout objects identical, so the same address) skips its checks
         self.seen = [None] * self.n
-        # [the last call's tensors, their copies, same_tensors of them (made on their first repeat)]
-        # when all were known: the same tensors again pass condition 2 whole
+        # [the last call's tensors, their copies, the generated replay of them (`GraphedCall.replayer`,
+        # made on their first repeat)] when all were known: the same tensors again pass condition 2 whole
         self.again = None
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
@@ -457,8 +492,35 @@ class GraphedCall:
         return dict(self.counts, replays=self.cell.value)
 
     def __call__(self, args):
+        rec = self.rec
+        again = rec.again if rec is not None else None
+        if again is not None and again[2] is not None:      # the last call's very tensors again?
+            outs = again[2](args, False)
+            if outs is not None and outs is not False:
+                return outs
         with self._lock:
             return self._call(args)
+
+    def replayer(self, token, n: int):
+        """The generated replay (`_hot_factory`) for a caller that keeps `token` (from
+        `call_with_token`) and will pass the token's first `n` tensors again (`specialize.LastCall`:
+        its arguments, the constants after them being its own): `replay(args, grad)`. None for a
+        graph whose outputs may be kept across replays (`keep_outputs`: `_replay` moves them)."""
+        rec = self.rec
+        if self.held is not None or rec is None or rec.again is not token:
+            return None
+        if n == rec.n and token[2] is not None:
+            return token[2]
+        return self._replayer(rec, token, n)
+
+    def _replayer(self, rec, token, n: int):
+        # (it holds no strong reference to self: `rec.again` keeps it, and self must stay
+        # collectable as soon as its function is, to give the graph's memory back)
+        copies = token[1]
+        copy_in = None if not copies else functools.partial(_copy_in, copies, self.counts)
+        lock = self._lock
+        return _hot_factory(n)(*token[0][:n], rec, token, lock.acquire, lock.release, self.cell, copy_in,
+                               weakref.ref(self))
 
     def call_with_token(self, args):
         """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
@@ -483,13 +545,13 @@ class GraphedCall:
         if rec is None or len(args) != rec.n:
             return self._slow(args)
         again = rec.again
-        if again is not None:
-            check = again[2]
-            if check is None and all(map(_is, args, again[0])):     # their first repeat (a new
-                check = again[2] = same_tensors(again[0])             # batch each call makes none)
-            if check is not None and check(args, False):
-                self.last = again
-                return self._replay(rec, args, again[1])     # the last call's very tensors
+        if again is not None and all(map(_is, args, again[0])):
+            if again[2] is None and self.held is None:
+                # their first repeat (a new batch each call makes none): `__call__` replays them
+                # through the generated replay from now on
+                again[2] = self._replayer(rec, again, rec.n)
+            self.last = again
+            return self._replay(rec, args, again[1])     # the last call's very tensors
         copies, seen, known = [], rec.seen, True
         for i, t in enumerate(args):
             st, m = t._storage, t._meta
@@ -523,18 +585,13 @@ class GraphedCall:
             if self.held:
                 self._keep_held()
             if copies:
-                copy = _DRIVER.copy
-                for dst, src, nbytes in copies:
-                    if nbytes:
-                        copy(dst, src, nbytes)
+                _copy_in(copies, self.counts)
             rec.launch()
         except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
             self._break("replaying", e)
             return self._direct(args)
         cell = self.cell
         cell.value += 1               # every output of earlier replays is now overwritten
-        if copies:
-            self.counts["copies"] += len(copies)
         outs = rec.outputs(cell)
         if self.held is not None:
             self.held = [weakref.ref(t._storage.data) for t in outs
