@@ -487,6 +487,12 @@ class CompiledFunction:
         self.stats["calls"] += 1
         fast = self._fast
         if fast is not None and not kwargs:
+            hot = fast.hot              # §9.9: a CUDA graph's replay of the last call's very tensors
+            if hot is not None and fast.reads is self.reads and _TLS.tracer is None and \
+                    _tuning._precision[0] is self._precision:
+                outs = hot(args, autograd._mode.enabled)    # (the checks of `_call_again`, in line)
+                if outs.__class__ is tuple:
+                    return outs[0] if fast.spec is None else fast.result(outs, args)
             out = self._call_again(fast, args)
             if out is not _MISS:
                 return out
@@ -550,15 +556,7 @@ class CompiledFunction:
         if fast.reads is not self.reads or _TLS.tracer is not None or _tuning._precision[0] is not self._precision:
             return _MISS
         grad = autograd._mode.enabled
-        hot = fast.hot
-        if hot is not None:     # a CUDA graph's replay of the last call's very tensors (cudagraph.py)
-            outs = hot(args, grad)
-            if outs.__class__ is tuple:
-                return outs[0] if fast.spec is None else fast.result(outs, args)
-            same = outs is None         # (None: these tensors; the graph was recorded again)
-        else:
-            same = fast.same(args, grad)
-        if not same:                    # a new batch: its own memo if its key is the same
+        if not fast.same(args, grad):   # a new batch: its own memo if its key is the same
             if (fast := fast.similar(args, grad, self.ndarrays)) is None:
                 return _MISS
             self._fast = fast

@@ -460,6 +460,27 @@ def test_threads_replaying_at_once_never_see_each_others_values(fake, rng):
     assert g.stats["replays"] + g.stats["direct"] == 82 and g.stats["records"] == 1
 
 
+def test_replay_outputs_are_made_as_tensor_make_makes_them(fake, rng):
+    """`Recording.outputs` builds its one output in line (no `_make`, `Storage(...)` calls):
+    the tensor and its storage have exactly the attributes and defaults `_make` gives, so a
+    field added to Tensor or Storage cannot be missed here silently."""
+    import dataclasses
+    from stax.tensor import Storage
+    f = stax.compile(lambda x: stax.cos(x) + 1, mode="reduce-overhead")
+    x = cuda_randn(rng, 4, 9)
+    for _ in range(3):
+        out = f(x)
+    assert graphed(f).rec.single is not None
+    made = stax.Tensor._make(out._storage, out._meta)
+    assert vars(out).keys() == vars(made).keys()
+    assert {k: v for k, v in vars(out).items() if k != "_storage"} == \
+        {k: v for k, v in vars(made).items() if k != "_storage"}
+    fields = {fl.name: fl.default for fl in dataclasses.fields(Storage)}
+    assert vars(out._storage).keys() == fields.keys()
+    assert out._storage.device == "cuda" and out._storage.version == fields["version"]
+    assert_close(out.cpu(), np.cos(np.asarray(x.cpu(), np.float64)) + 1, stax.float32)
+
+
 def _dmany(args, i):
     """d/d args[i] of many(...).sum(): cos(h) * 0.5 ** (16 - i) summed over the batch rows."""
     h = np.asarray(args[0].cpu(), np.float64)
