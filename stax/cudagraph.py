@@ -274,12 +274,16 @@ _HOT: dict = {}             # arity -> the factory of `GraphedCall.replayer`'s f
 
 # The replay of a call with the last call's very tensors (issue 13: host µs per replay), generated
 # straight-line: one `is` per input and, under grad mode, one requires_grad read each (a loop over
-# 17 inputs cost about three times as much), then under the GraphedCall's lock: the recording and
+# 17 inputs cost about three times as much), read from the tensor's own __dict__, held from when the
+# replay is made (`Tensor.__getattr__`, the missing-op message, keeps CPython 3.11 from specializing
+# any attribute read on a Tensor: `t.requires_grad` cost ~25 ns, `d["requires_grad"]` ~15; the dict
+# is the tensor's for life, so a later `t.requires_grad = True` is seen), then under the
+# GraphedCall's lock: the recording and
 # its remembered tensors still current, the copies into staged inputs, the launch, the outputs.
 # In one function, not five calls (the entry, the check, the lock's `with`, `_replay`, `outputs`):
 # each Python call level was ~0.05-0.1 µs of the host path.
 _HOT_SOURCE = '''\
-def make({params}rec, token, acquire, release, cell, copies, copy, counts, graphed):
+def make({params}{dicts}rec, token, acquire, release, cell, copies, copy, counts, graphed):
     def replay(args, grad):
         """A replay for the {n} tensors of one call again (cudagraph.GraphedCall.replayer): its
         outputs; False: other tensors (or one requires grad now); None: these tensors, but the
@@ -310,13 +314,16 @@ def make({params}rec, token, acquire, release, cell, copies, copy, counts, graph
 def _hot_factory(n: int):
     make = _HOT.get(n)
     if make is None:
-        ps, xs = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)]
+        ps, xs, ds = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)], [f"d{i}" for i in range(n)]
+        differ = " or ".join(f"{a} is not {p}" for a, p in zip(xs, ps))
+        needs_grad = " or ".join(d + "['requires_grad']" for d in ds)
         test = (f"        {', '.join(xs)}, = args\n"
-                f"        if {' or '.join(f'{a} is not {p}' for a, p in zip(xs, ps))}:\n"
+                f"        if {differ}:\n"
                 "            return False\n"
-                f"        if grad and ({' or '.join(f'{a}.requires_grad' for a in xs)}):\n"
+                f"        if grad and ({needs_grad}):\n"
                 "            return False\n" if n else "")
-        src = _HOT_SOURCE.format(params="".join(p + ", " for p in ps), n=n, test=test)
+        src = _HOT_SOURCE.format(params="".join(p + ", " for p in ps), dicts="".join(d + ", " for d in ds),
+                                 n=n, test=test)
         scope: dict = {}
         exec(compile(src, f"<stax cudagraph replayer/{n}>", "exec"), scope)
         make = _HOT.setdefault(n, scope["make"])
@@ -527,7 +534,8 @@ class GraphedCall:
         # (the copies with the driver of now: the one the graph was recorded with)
         copies = tuple([c for c in token[1] if c[2]]) if token[1] else None
         lock = self._lock
-        return _hot_factory(n)(*token[0][:n], rec, token, lock.acquire, lock.release, self.cell, copies,
+        tensors = token[0][:n]
+        return _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release, self.cell, copies,
                                _DRIVER.copy, self.counts, weakref.ref(self))
 
     def call_with_token(self, args):
