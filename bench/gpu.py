@@ -730,7 +730,10 @@ def _per_call_us(fn, args, sync, n=2000, warm=20):
 
 
 def _host_us(fn, args, sync, n=200):
-    """Host µs per call: the calls' own time, the device left to catch up afterwards (best of 5)."""
+    """Host µs per call, the old method (labelled `b2b200`): 200 back-to-back calls, the device
+    left to catch up afterwards, best of 5. Once the driver's launch queue is full (about a
+    thousand pending launches; a replay of ~25 µs of GPU work is enqueued in a few µs, so a long
+    run gets there), the launch waits for the GPU to drain, and that wait is counted here."""
     best = float("inf")
     for _ in range(5):
         sync()
@@ -740,6 +743,23 @@ def _host_us(fn, args, sync, n=200):
         best = min(best, (time.perf_counter() - t0) / n * 1e6)
     sync()
     return best
+
+
+def _host_burst(fn, args, sync, k=16, reps=300):
+    """Host µs per call, the method of record: bursts of `k` calls, each begun on an idle device
+    (short enough that the launch queue never fills), median with p10-p90 (host_path.bursts)."""
+    import host_path
+    return host_path.bursts(fn, args, sync, k=k, reps=reps, warm=16)
+
+
+BURST_LENGTHS = (4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _burst_sweep(fn, args, sync) -> dict:
+    """Median host µs per call against the burst length: flat while the host only enqueues,
+    rising once the launch queue fills and the launches wait for the GPU (the back-pressure that
+    `_host_us`'s 200 back-to-back calls may include)."""
+    return {k: _host_burst(fn, args, sync, k=k, reps=max(8, 2048 // k)) for k in BURST_LENGTHS}
 
 
 def launch_bound():
@@ -757,31 +777,58 @@ def launch_bound():
             outs[mode] = f(*args).clone().float().cpu().numpy()     # warm-up (autotunes), then checked
             outs[mode] = f(*args).clone().float().cpu().numpy()
             row[f"stax_{mode}_us"] = _per_call_us(f, args, cuda.synchronize)
-            row[f"stax_{mode}_host_us"] = _host_us(f, args, cuda.synchronize)
+            t = _host_burst(f, args, cuda.synchronize)
+            row[f"stax_{mode}_host_us"], row[f"stax_{mode}_host_us_p10_p90"] = float(t), (t.lo, t.hi)
+            row[f"stax_{mode}_host_us_b2b200"] = _host_us(f, args, cuda.synchronize)
             row["kernels"] = len(f.last_generated.kernels)
         g = next(iter(f.artifacts.values()))[0]
         if hasattr(g, "rec") and g.rec is not None:
-            row["replay_host_us"] = _host_us(lambda *a: g(list(a)), args, cuda.synchronize)
-            row["cuGraphLaunch_host_us"] = _host_us(g.rec.graph.replay, [], cuda.synchronize)
+            replay = lambda *a: g(list(a))      # noqa: E731
+            t = _host_burst(replay, args, cuda.synchronize)
+            row["replay_host_us"], row["replay_host_us_p10_p90"] = float(t), (t.lo, t.hi)
+            row["replay_host_us_b2b200"] = _host_us(replay, args, cuda.synchronize)
+            t = _host_burst(g.rec.graph.replay, [], cuda.synchronize)
+            row["cuGraphLaunch_host_us"], row["cuGraphLaunch_host_us_p10_p90"] = float(t), (t.lo, t.hi)
+            row["cuGraphLaunch_host_us_b2b200"] = _host_us(g.rec.graph.replay, [], cuda.synchronize)
+            row["replay_host_us_by_burst"] = {k: float(v) for k, v in
+                                              _burst_sweep(replay, args, cuda.synchronize).items()}
+            row["cuGraphLaunch_host_us_by_burst"] = {k: float(v) for k, v in
+                                                     _burst_sweep(g.rec.graph.replay, [], cuda.synchronize).items()}
             row["graph_stats"] = dict(g.stats)
             batches = [stax.from_numpy(arrays[0].astype(np.float32)).to("cuda").to(getattr(stax, dt))
                        for _ in range(4)]          # (after the rows above: a new batch records once more)
-            stage_rows[name] = host_path.stages(f, args, batches, lambda fn, a: _host_us(fn, a, cuda.synchronize))
+            stage_rows[name] = host_path.stages(f, args, batches, lambda fn, a: _host_burst(fn, a, cuda.synchronize))
         else:
             row["graph_stats"] = "NOT WRAPPED (STAX_LOGS=cudagraphs says why)"
         row["max_abs_diff_vs_default"] = float(np.nanmax(np.abs(outs["reduce-overhead"] - outs["default"])))
         row.update(_torch_launch_bound(tfn, arrays, dt))
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print("\n| workload | Stax default µs | Stax reduce-overhead µs | torch.compile µs | torch reduce-overhead µs "
-          "| host µs/call (default / graphs) | host µs per replay | cuGraphLaunch µs |")
+    print("\nhost µs: median (p10–p90) of 16-call bursts, each begun on an idle device; [b2b200]: the old "
+          "method, 200 back-to-back calls, best of 5 (counts any wait for a full launch queue)")
+    print("| workload | Stax default µs | Stax reduce-overhead µs | torch.compile µs | torch reduce-overhead µs "
+          "| host µs/call (default / graphs) [b2b200] | host µs per replay [b2b200] | cuGraphLaunch µs [b2b200] |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     nan = float("nan")
+
+    def spread(r, k):
+        lo, hi = r.get(k + "_p10_p90", (nan, nan))
+        return f"{r.get(k, nan):.1f} ({lo:.1f}–{hi:.1f}) [{r.get(k + '_b2b200', nan):.1f}]"
     for r in rows:
         print(f"| {r['workload']} | {r['stax_default_us']:.1f} | {r['stax_reduce-overhead_us']:.1f} | "
               f"{r.get('torch_default_us', nan):.1f} | {r.get('torch_reduce-overhead_us', nan):.1f} | "
-              f"{r['stax_default_host_us']:.1f} / {r['stax_reduce-overhead_host_us']:.1f} | "
-              f"{r.get('replay_host_us', nan):.1f} | {r.get('cuGraphLaunch_host_us', nan):.1f} |")
+              f"{r['stax_default_host_us']:.1f} / {r['stax_reduce-overhead_host_us']:.1f} "
+              f"[{r['stax_default_host_us_b2b200']:.1f} / {r['stax_reduce-overhead_host_us_b2b200']:.1f}] | "
+              f"{spread(r, 'replay_host_us')} | {spread(r, 'cuGraphLaunch_host_us')} |")
+    print("\nmedian host µs per call against the burst length (flat: the host's own time; rising: launches "
+          "waiting on a full queue):")
+    print("| workload | call | " + " | ".join(f"k={k}" for k in BURST_LENGTHS) + " |")
+    print("| --- | --- |" + " --- |" * len(BURST_LENGTHS))
+    for r in rows:
+        for what in ("replay_host_us", "cuGraphLaunch_host_us"):
+            if what + "_by_burst" in r:
+                print(f"| {r['workload']} | {what[:-8]} | " +
+                      " | ".join(f"{r[what + '_by_burst'][k]:.1f}" for k in BURST_LENGTHS) + " |")
     print("targets (issue 13): mlp_bf16_b8 <= 40 µs with reduce-overhead (<= 0.55x torch's reduce-overhead), "
           "chain20_64x64 <= 12 µs, host time per replay <= 5 µs")
     if stage_rows:
@@ -801,7 +848,8 @@ def _torch_launch_bound(tfn, arrays, dt) -> dict:
     for mode in ("default", "reduce-overhead"):
         tf = torch.compile(tfn, mode=mode)
         found[f"torch_{mode}_us"] = _per_call_us(tf, targs, torch.cuda.synchronize)
-        found[f"torch_{mode}_host_us"] = _host_us(tf, targs, torch.cuda.synchronize)
+        found[f"torch_{mode}_host_us"] = float(_host_burst(tf, targs, torch.cuda.synchronize))
+        found[f"torch_{mode}_host_us_b2b200"] = _host_us(tf, targs, torch.cuda.synchronize)
     return found
 # ---- §9.10 attention (issue 15): `python bench/gpu.py attention [--json FILE]` ----
 

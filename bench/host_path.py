@@ -6,20 +6,30 @@ CUDA-graph replay ≤ 5 µs).
 
 Kernel time is taken out so that only the host path is left: under mode="reduce-overhead" a fake
 CUDA-graph driver whose replay does nothing (as `tests/test_cudagraph.py`'s FakeDriver, minus
-the launches), and in default mode the Triton launch (`CachingAutotuner.run`) stubbed out. Each
-figure is the best of 5 loops of 20000 calls in process CPU time (`time.process_time`, steadier
-than wall time on a shared machine). Workloads: issue 13's chain step (2 inputs, 1 output) and a
-function of 17 inputs (the MLP block's input count: x and 4 layers of w, b, gamma, beta).
+the launches), and in default mode the Triton launch (`CachingAutotuner.run`) stubbed out.
+Workloads: issue 13's chain step (2 inputs, 1 output) and a function of 17 inputs (the MLP
+block's input count: x and 4 layers of w, b, gamma, beta).
 
-`stages` breaks one reduce-overhead call down (bench/gpu.py `launchbound` prints the same table
-on the H200, with the real cuGraphLaunch):
-  - same tensors: the whole call; the CompiledFunction entry (what is left of the whole call);
-    `LastCall.same`; GraphedCall's checks (`replay_again` less `_replay`); `_replay` less the
-    launch and the outputs; the launch; the output wrapping (`Recording.outputs`); and
-    `GraphedCall(args)` alone (gpu.py's `replay_host_us`: condition 2, launch, outputs);
+Every figure is `bursts`'s: after waiting for the device (`sync`; nothing here, the GPU bench's
+cuCtxSynchronize there), one burst of `k` = 16 calls is timed with perf_counter, many times; the
+figure is the median µs per call over the bursts, with the 10th-90th percentiles beside it. Short
+bursts on an idle device keep the GPU bench honest: the host is never throttled by a full launch
+queue (a long run of replays, each ~25 µs of GPU work, fills it, and cuGraphLaunch then waits for
+the GPU to drain), and the median shrugs off a shared host's preemptions, where "best of" would
+report the luckiest loop.
+
+`stages` breaks one reduce-overhead call down, every stage timed the same way (bench/gpu.py
+`launchbound` prints the same table on the H200, with the real cuGraphLaunch):
+  - same tensors: the whole call; the CompiledFunction entry (the whole call less the replay);
+    the generated replay (`LastCall.hot`, cudagraph.GraphedCall.replayer), and within it its
+    checks (identity and requires_grad of every input, the lock, the recording still current:
+    the same function on a token it refuses after the lock), the copies into staged inputs,
+    the launch, the output wrapping (`Recording.outputs`), and the rest (the replay count, the
+    calls between); then `GraphedCall(args)` alone (gpu.py's `replay_host_us`);
   - a new batch tensor each call (the same other 16): the whole call (the full entry path: key,
     lookup, LastCall made again) and `GraphedCall(args)` alone (condition 2 input by input and
     the copy into the recorded input).
+Rows below a stage are medians subtracted (no spread of their own).
 """
 from __future__ import annotations
 
@@ -75,14 +85,38 @@ def many(x, *params):
     return stax.sin(h)
 
 
-def per_call_us(f, args, n=20000) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(n):
-            f(*args)
-        best = min(best, (time.process_time() - t0) / n * 1e6)
-    return best
+class Timing(float):
+    """A median µs per call (the float itself) with its spread: `lo`, `hi` (10th and 90th
+    percentiles of the bursts' µs per call), `bursts` of `k` calls."""
+
+    def __new__(cls, median, lo, hi, bursts, k):
+        t = super().__new__(cls, median)
+        t.lo, t.hi, t.bursts, t.k = lo, hi, bursts, k
+        return t
+
+    def __str__(self):
+        return f"{float(self):.2f} ({self.lo:.2f}–{self.hi:.2f})"
+
+
+def bursts(fn, args, sync=None, k=16, reps=1500, warm=64) -> Timing:
+    """Host µs per call of `fn(*args)`: `reps` bursts of `k` back-to-back calls, each burst
+    started on an idle device (`sync()` before it, outside the timing); the median and the
+    10th-90th percentiles of the bursts' µs per call."""
+    for _ in range(warm):
+        fn(*args)
+    clock, per = time.perf_counter, []
+    for _ in range(reps):
+        if sync is not None:
+            sync()
+        t0 = clock()
+        for _ in range(k):
+            fn(*args)
+        per.append((clock() - t0) / k * 1e6)
+    if sync is not None:
+        sync()
+    per.sort()
+    n = len(per)
+    return Timing(per[n // 2], per[n // 10], per[(9 * n) // 10], n, k)
 
 
 def cycling(f, tensors):
@@ -95,30 +129,36 @@ def cycling(f, tensors):
     return call
 
 
-def stages(f, args, batches, timer=per_call_us) -> dict:
+def stages(f, args, batches, timer=bursts) -> dict:
     """Host µs of each stage of a reduce-overhead call of `f` (warmed up, replaying) on `args`,
     then with a new first argument each call (`batches`: tensors like args[0]). `timer(fn, args)`
-    times one stage (the GPU bench passes one that waits for the device between loops)."""
+    times one stage (the GPU bench passes `bursts` with the device's sync)."""
     g = next(iter(f.artifacts.values()))[0]
     assert isinstance(g, cudagraph.GraphedCall) and g.rec is not None, "not replaying"
-    f(*args)
-    f(*args)
+    for _ in range(3):
+        f(*args)
     fast, rec, cell, targs = f._fast, g.rec, g.cell, tuple(args)
-    if fast is None or fast.token is None or rec.again is not fast.token:
+    hot = getattr(fast, "hot", None)
+    if hot is None or fast.token is None or rec.again is not fast.token:
         # (then every call tests its inputs one by one: the figures below would not be the hot path)
         return {"same tensors replay whole": False, "graph stats": g.stats}
     grad = autograd.is_grad_enabled()
+    token = fast.token
+    stale = [token[0], token[1], None]       # the same tensors under a token the graph refuses
+    refused = g._replayer(rec, stale, len(targs))
+    counts = dict(g.counts)                  # (the copies stage counts into a scratch dict)
     row = {"same tensors replay whole": True,
            "whole call": timer(f, args),
-           "LastCall.same": timer(lambda: fast.same(targs, grad), []),
-           "GraphedCall.replay_again": timer(lambda: g.replay_again(fast.token), []),
-           "_replay": timer(lambda: g._replay(rec, targs, []), []),
+           "generated replay": timer(lambda: hot(targs, grad), []),
+           "checks (identity, grad, lock)": timer(lambda: refused(targs, grad), []),
+           "copies in": timer(lambda: cudagraph._copy_in(token[1], counts), []) if token[1] else 0.0,
            "launch": timer(rec.launch, []),
            "outputs": timer(lambda: rec.outputs(cell), []),
            "GraphedCall(args)": timer(lambda *a: g(list(a)), args)}
-    row["CompiledFunction entry"] = row["whole call"] - row["LastCall.same"] - row["GraphedCall.replay_again"]
-    row["GraphedCall checks"] = row["GraphedCall.replay_again"] - row["_replay"]
-    row["_replay rest"] = row["_replay"] - row["launch"] - row["outputs"]
+    assert refused(targs, grad) is None and rec.again is token, "the checks stage replayed"
+    row["CompiledFunction entry"] = row["whole call"] - row["generated replay"]
+    row["replay rest"] = (row["generated replay"] - row["checks (identity, grad, lock)"] - row["copies in"]
+                          - row["launch"] - row["outputs"])
     before = g.stats
     row["new batch: whole call"] = timer(cycling(f, batches), args[1:])
     row["new batch: GraphedCall(args)"] = timer(cycling(lambda *a: g(list(a)), batches), args[1:])
@@ -127,17 +167,22 @@ def stages(f, args, batches, timer=per_call_us) -> dict:
     return row
 
 
-STAGE_ORDER = ["whole call", "CompiledFunction entry", "LastCall.same", "GraphedCall checks", "_replay rest",
-               "launch", "outputs", "GraphedCall(args)", "new batch: whole call", "new batch: GraphedCall(args)"]
+STAGE_ORDER = ["whole call", "CompiledFunction entry", "generated replay", "checks (identity, grad, lock)",
+               "copies in", "launch", "outputs", "replay rest", "GraphedCall(args)", "new batch: whole call",
+               "new batch: GraphedCall(args)"]
+
+
+def _cell(v) -> str:
+    return "—" if v is None else str(v) if isinstance(v, Timing) else f"{v:.2f}"
 
 
 def print_stages(rows: dict) -> None:
     """`rows`: workload -> `stages`'s dict; one markdown table, a column per workload."""
     names = list(rows)
-    print("| stage (host µs) | " + " | ".join(names) + " |")
+    print("| stage (host µs per call: median (p10–p90) of 16-call bursts) | " + " | ".join(names) + " |")
     print("| --- |" + " --- |" * len(names))
     for k in STAGE_ORDER:
-        print(f"| {k} | " + " | ".join(f"{rows[n][k]:.2f}" if k in rows[n] else "—" for n in names) + " |")
+        print(f"| {k} | " + " | ".join(_cell(rows[n].get(k)) for n in names) + " |")
     for n, r in rows.items():
         if not r["same tensors replay whole"] or not r.get("new batch copied in"):
             print(f"{n}: NOT the hot path: {r}")
@@ -164,7 +209,7 @@ def main(argv):
         run = triton_heuristics.CachingAutotuner.run
         triton_heuristics.CachingAutotuner.run = lambda self, *a, **k: None
         try:
-            table[name]["default call (launch stubbed)"] = per_call_us(plain, args)
+            table[name]["default call (launch stubbed)"] = bursts(plain, args)
             if "--profile" in argv:
                 prof = cProfile.Profile()
                 prof.runcall(lambda: [graphs(*args) for _ in range(20000)])
@@ -172,7 +217,7 @@ def main(argv):
         finally:
             triton_heuristics.CachingAutotuner.run = run
     print_stages(table)
-    print("default mode, launch stubbed: " + ", ".join(f"{n} {r['default call (launch stubbed)']:.2f} µs"
+    print("default mode, launch stubbed: " + ", ".join(f"{n} {r['default call (launch stubbed)']} µs"
                                                       for n, r in table.items()))
 
 

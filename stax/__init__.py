@@ -40,12 +40,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import capture as _capture
-from .specialize import (Rekey, arg_at, describe_change, describe_dims, dynamic_dims,  # noqa: F401
+from .specialize import (Rekey, arg_at, describe_change, describe_dims, describe_read_change, dynamic_dims,  # noqa: F401
                          dynamic_inputs, family_key_of, floats_of, key_of, mark_dynamic, mark_static,
                          rank_key_of, sized_ints, user_stacklevel)
 from .specialize import LastCall as _LastCall, scalar_key as _scalar_key
 from .tensor import *  # noqa: F401,F403  (the PyTorch-spelled tensor API: Tensor, factories)
-from .tensor import Tensor, _ALIASES, current_tracer, get_num_threads
+from .tensor import Tensor, _ALIASES, _TLS, current_tracer, get_num_threads
 from .tensor_ops import *  # noqa: F401,F403  (the op functions; binds the Tensor methods)
 from .shape_ops import *  # noqa: F401,F403  (split, repeat, flip, roll, tril, meshgrid, ...)
 from .math_ops import *  # noqa: F401,F403  (lerp, einsum, sort, norm, aliases, in-place forms, ...)
@@ -302,13 +302,6 @@ def _frozen_key(v):
     return _guard_key(v, [])
 
 
-def _describe_read_change(reads, old, new) -> str | None:
-    for r, a, b in zip(reads, old[1:], new[1:]):
-        if a != b:
-            return f"{r.name} changed from {a!r:.80} to {b!r:.80}"
-    return None
-
-
 # ---- The pipeline ----
 
 
@@ -492,6 +485,12 @@ class CompiledFunction:
         try:
             fast = self._fast
             if fast is not None and not kwargs:
+                hot = fast.hot          # §9.9: a CUDA graph's replay of the last call's very tensors
+                if hot is not None and fast.reads is self.reads and _TLS.tracer is None and \
+                        _tuning._precision[0] is self._precision:
+                    outs = hot(args, autograd._mode.enabled)    # (the checks of `_call_again`, in line)
+                    if outs.__class__ is tuple:
+                        return outs[0] if fast.spec is None else fast.result(outs, args)
                 out = self._call_again(fast, args)
                 if out is not _MISS:
                     return out
@@ -559,10 +558,11 @@ class CompiledFunction:
         same layout (`LastCall.similar`): their key, aliasing and guards are the last call's; what
         can change between calls is checked again (the tracer, grad, the matmul precision, the
         values the function reads besides its arguments). _MISS: the full path."""
-        if fast.reads is not self.reads or current_tracer() is not None or _tuning._precision[0] is not self._precision:
+        if fast.reads is not self.reads or _TLS.tracer is not None or _tuning._precision[0] is not self._precision:
             return _MISS
-        if not fast.same(args, autograd._mode.enabled):     # a new batch: its own memo if its key is the same
-            if (fast := fast.similar(args, autograd._mode.enabled, self.ndarrays)) is None:
+        grad = autograd._mode.enabled
+        if not fast.same(args, grad):   # a new batch: its own memo if its key is the same
+            if (fast := fast.similar(args, grad, self.ndarrays)) is None:
                 return _MISS
             self._fast = fast
         lifted = []
@@ -861,7 +861,7 @@ class CompiledFunction:
         if old[:2] == key[:2] and old[:1] == ("requires_grad",):    # (§5: count the arguments from 0)
             old, key = old[2:], key[2:]
         if old[-1:] and key[-1:] and old[-1][:1] == ("reads",) == key[-1][:1] and old[:-1] == key[:-1]:
-            return _describe_read_change(self.reads, old[-1], key[-1]) or describe_change(old, key)
+            return describe_read_change(self.reads, old[-1], key[-1]) or describe_change(old, key)
         return describe_change(old, key)
 
     def _capture(self, name, args, kwargs, **how):

@@ -33,7 +33,7 @@ Where to look:
   - `GraphOutputArray` ........ an output's storage; raises once a later replay overwrote it;
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
-  - `same_tensors` ............ the generated identity check of a call's tensors (the host path
+  - `GraphedCall.replayer` .... the generated replay of a call's very tensors again (the host path
                                 of the same tensors again, here and in `specialize.LastCall`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
@@ -270,30 +270,73 @@ def mutated_positions(graph) -> frozenset:
     return frozenset(i for i, n in enumerate(graph.inputs) if n.name in names)
 
 
-_SAME: dict = {}            # arity -> the factory of `same_tensors`' checks (compiled once per arity)
+_HOT: dict = {}             # arity -> the factory of `GraphedCall.replayer`'s functions (compiled once per arity)
+
+# The replay of a call with the last call's very tensors (issue 13: host µs per replay), generated
+# straight-line: one `is` per input and, under grad mode, one requires_grad read each (a loop over
+# 17 inputs cost about three times as much), read from the tensor's own __dict__, held from when the
+# replay is made (`Tensor.__getattr__`, the missing-op message, keeps CPython 3.11 from specializing
+# any attribute read on a Tensor: `t.requires_grad` cost ~25 ns, `d["requires_grad"]` ~15; the dict
+# is the tensor's for life, so a later `t.requires_grad = True` is seen), then under the
+# GraphedCall's lock: the recording and
+# its remembered tensors still current, the copies into staged inputs, the launch, the outputs.
+# In one function, not five calls (the entry, the check, the lock's `with`, `_replay`, `outputs`):
+# each Python call level was ~0.05-0.1 µs of the host path.
+_HOT_SOURCE = '''\
+def make({params}{dicts}rec, token, acquire, release, cell, copies, copy, counts, graphed):
+    def replay(args, grad):
+        """A replay for the {n} tensors of one call again (cudagraph.GraphedCall.replayer): its
+        outputs; False: other tensors (or one requires grad now); None: these tensors, but the
+        graph was recorded again or remembers another call's tensors (call it as usual)."""
+        if len(args) != {n}:
+            return False
+{test}        acquire()
+        try:
+            if rec.again is not token:      # (a recording closed, or recorded again, has none)
+                return None
+            try:
+                if copies is not None:      # staged inputs: into the buffers the graph reads
+                    for dst, src, nbytes in copies:
+                        copy(dst, src, nbytes)
+                    counts["copies"] += len(token[1])
+                rec.launch()
+            except Exception as e:  # noqa: BLE001 -- a driver failure: the usual path runs directly
+                graphed()._break("replaying", e)
+                return None
+            cell.value += 1         # every output of earlier replays is now overwritten
+            return rec.outputs(cell)
+        finally:
+            release()
+    return replay
+'''
 
 
-def same_tensors(tensors):
-    """`same(args, grad)`: whether `args` (as many as `tensors`) are these very tensors, in order,
-    and, when `grad`, none of them requires grad now (what `specialize.LastCall` adds). Generated
-    straight-line code, one `is` per input: issue 13's host time per replay, where a loop over 17
-    inputs cost about three times as much. The check holds the tensors (a recording does anyway)."""
-    n = len(tensors)
-    make = _SAME.get(n)
+def _hot_factory(n: int):
+    make = _HOT.get(n)
     if make is None:
-        ps, xs = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)]
-        body = (f"        {', '.join(xs)}, = args\n"
-                f"        if {' or '.join(f'{a} is not {p}' for a, p in zip(xs, ps))}:\n"
+        ps, xs, ds = [f"p{i}" for i in range(n)], [f"a{i}" for i in range(n)], [f"d{i}" for i in range(n)]
+        differ = " or ".join(f"{a} is not {p}" for a, p in zip(xs, ps))
+        needs_grad = " or ".join(d + "['requires_grad']" for d in ds)
+        test = (f"        {', '.join(xs)}, = args\n"
+                f"        if {differ}:\n"
                 "            return False\n"
-                f"        return not grad or not ({' or '.join(f'{a}.requires_grad' for a in xs)})\n"
-                if n else "        return True\n")
-        src = (f"def make({', '.join(ps)}):\n    def same(args, grad):\n"
-               f"        \"\"\"The {n} tensors of one call again? (cudagraph.same_tensors)\"\"\"\n"
-               f"{body}    return same\n")
+                f"        if grad and ({needs_grad}):\n"
+                "            return False\n" if n else "")
+        src = _HOT_SOURCE.format(params="".join(p + ", " for p in ps), dicts="".join(d + ", " for d in ds),
+                                 n=n, test=test)
         scope: dict = {}
-        exec(compile(src, f"<stax same_tensors/{n}>", "exec"), scope)
-        make = _SAME.setdefault(n, scope["make"])
-    return make(*tensors)
+        exec(compile(src, f"<stax cudagraph replayer/{n}>", "exec"), scope)
+        make = _HOT.setdefault(n, scope["make"])
+    return make
+
+
+def _copy_in(copies, counts) -> None:
+    """A replay's copies of staged inputs into the buffers the graph reads (before its launch)."""
+    copy = _DRIVER.copy
+    for dst, src, nbytes in copies:
+        if nbytes:
+            copy(dst, src, nbytes)
+    counts["copies"] += len(copies)
 
 
 # ---- §9.9 Recording: one captured launch sequence and what it holds alive ----
@@ -319,8 +362,8 @@ class Recording:
         # per position, the last call's (storage, meta, data pointer): a tensor passed again
         # (storage and layout objects identical, so the same address) skips its checks
         self.seen = [None] * self.n
-        # [the last call's tensors, their copies, same_tensors of them (made on their first repeat)]
-        # when all were known: the same tensors again pass condition 2 whole
+        # [the last call's tensors, their copies, the generated replay of them (`GraphedCall.replayer`,
+        # made on their first repeat)] when all were known: the same tensors again pass condition 2 whole
         self.again = None
         self.staged = staged               # position -> (staged array, its bytes)
         self.inputs = record_inputs        # keeps the static inputs' memory from being reused
@@ -355,9 +398,16 @@ class Recording:
         """This replay's output tensors: fresh tensors over the graph's buffers, stamped with it."""
         single = self.single
         if single is not None:             # the common case: one output, one graph-owned buffer
-            a = _new(GraphOutputArray)     # (GraphOutputArray(owned[0], cell), without __init__'s call)
+            # GraphOutputArray(owned[0], cell), Storage(a, "cuda") and Tensor._fresh(s, meta), in
+            # line: without their three calls (§9.9 host time: ~0.1 µs of the ~0.7 this takes)
+            a = _new(GraphOutputArray)
             a._array, a._cell, a._gen = single[0], cell, cell.value
-            return (Tensor._fresh(Storage(a, "cuda"), single[1]),)
+            s = _new(Storage)
+            s.data, s.device, s.version = a, "cuda", 0
+            t = _new(Tensor)
+            t._storage, t._meta, t._base, t._view_ops, t._node = s, single[1], None, [], None
+            t.requires_grad, t.grad, t._grad_fn = False, None, None
+            return (t,)
         make, owned = Tensor._fresh, self.owned
         if len(owned) == 1:                # one graph-owned buffer, several views of it
             s = Storage(GraphOutputArray(owned[0], cell), "cuda")
@@ -457,8 +507,36 @@ class GraphedCall:
         return dict(self.counts, replays=self.cell.value)
 
     def __call__(self, args):
+        rec = self.rec
+        again = rec.again if rec is not None else None
+        if again is not None and again[2] is not None:      # the last call's very tensors again?
+            outs = again[2](args, False)
+            if outs is not None and outs is not False:
+                return outs
         with self._lock:
             return self._call(args)
+
+    def replayer(self, token, n: int):
+        """The generated replay (`_hot_factory`) for a caller that keeps `token` (from
+        `call_with_token`) and will pass the token's first `n` tensors again (`specialize.LastCall`:
+        its arguments, the constants after them being its own): `replay(args, grad)`. None for a
+        graph whose outputs may be kept across replays (`keep_outputs`: `_replay` moves them)."""
+        rec = self.rec
+        if self.held is not None or rec is None or rec.again is not token:
+            return None
+        if n == rec.n and token[2] is not None:
+            return token[2]
+        return self._replayer(rec, token, n)
+
+    def _replayer(self, rec, token, n: int):
+        # (it holds no strong reference to self: `rec.again` keeps it, and self must stay
+        # collectable as soon as its function is, to give the graph's memory back)
+        # (the copies with the driver of now: the one the graph was recorded with)
+        copies = tuple([c for c in token[1] if c[2]]) if token[1] else None
+        lock = self._lock
+        tensors = token[0][:n]
+        return _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release, self.cell, copies,
+                               _DRIVER.copy, self.counts, weakref.ref(self))
 
     def call_with_token(self, args):
         """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
@@ -483,13 +561,13 @@ class GraphedCall:
         if rec is None or len(args) != rec.n:
             return self._slow(args)
         again = rec.again
-        if again is not None:
-            check = again[2]
-            if check is None and all(map(_is, args, again[0])):     # their first repeat (a new
-                check = again[2] = same_tensors(again[0])             # batch each call makes none)
-            if check is not None and check(args, False):
-                self.last = again
-                return self._replay(rec, args, again[1])     # the last call's very tensors
+        if again is not None and all(map(_is, args, again[0])):
+            if again[2] is None and self.held is None:
+                # their first repeat (a new batch each call makes none): `__call__` replays them
+                # through the generated replay from now on
+                again[2] = self._replayer(rec, again, rec.n)
+            self.last = again
+            return self._replay(rec, args, again[1])     # the last call's very tensors
         copies, seen, known = [], rec.seen, True
         for i, t in enumerate(args):
             st, m = t._storage, t._meta
@@ -523,18 +601,13 @@ class GraphedCall:
             if self.held:
                 self._keep_held()
             if copies:
-                copy = _DRIVER.copy
-                for dst, src, nbytes in copies:
-                    if nbytes:
-                        copy(dst, src, nbytes)
+                _copy_in(copies, self.counts)
             rec.launch()
         except Exception as e:  # noqa: BLE001 -- any driver failure: run directly from now on
             self._break("replaying", e)
             return self._direct(args)
         cell = self.cell
         cell.value += 1               # every output of earlier replays is now overwritten
-        if copies:
-            self.counts["copies"] += len(copies)
         outs = rec.outputs(cell)
         if self.held is not None:
             self.held = [weakref.ref(t._storage.data) for t in outs

@@ -1,7 +1,7 @@
 """§2 The specialization key: what a compiled artifact is reused under, and §10.4's bookkeeping.
 
 Layer: just below the API (`__init__`): imports the tensor (`tensor`, `dtypes`), the front end
-(`capture`) and `cudagraph` (its generated identity check, for `LastCall`); `stax.compile`
+(`capture`); `LastCall` calls a CUDA graph's generated replay (cudagraph.py) it is handed; `stax.compile`
 (`CompiledFunction`) builds its keys and automatic-dynamic decisions from these functions.
 
 Consumes a call's arguments; produces hashable keys (static: dtypes, devices, shapes, strides;
@@ -28,7 +28,7 @@ from operator import call as _call, is_ as _is
 
 import numpy as np
 
-from . import capture as _capture, cudagraph as _cudagraph
+from . import capture as _capture
 from .dtypes import bool_ as _bool
 from .tensor import Meta, Storage, Tensor
 
@@ -185,6 +185,15 @@ def mark_static(t, dim):
     t._stax_static = tuple(sorted(dims))
 
 
+def describe_read_change(reads, old, new) -> str | None:
+    """Which value read from a global, closure or attribute (`reads`, their names) changed between
+    two keys' read parts, or None."""
+    for r, a, b in zip(reads, old[1:], new[1:]):
+        if a != b:
+            return f"{r.name} changed from {a!r:.80} to {b!r:.80}"
+    return None
+
+
 def describe_change(old, new) -> str:
     """Which part of the key differs: the guard that failed, in words."""
     shared = [_capture.describe_aliasing(k[-1] if k and k[-1][0] == "aliasing" else None) for k in (old, new)]
@@ -225,10 +234,12 @@ class LastCall:
     them: tensors only, no lifted constants, no run-time floats, no aliasing. A CUDA graph's call
     (`cudagraph.GraphedCall`) is given the token of the last call instead of the tensors, when
     that call passed its condition 2 whole: these are the same tensors, so it replays at once.
-    While it holds a token (which holds the tensors), `same`, once it passed, is a generated
-    check (`cudagraph.same_tensors`): one `is` and one requires_grad read per tensor, no loop."""
+    While it holds a token (which holds the tensors), and no guarded reads are live, `same`,
+    once it passed, hands the call to `hot`, the graph's generated replay of these tensors
+    (`cudagraph.GraphedCall.replayer`: one `is` and one requires_grad read per tensor, the launch
+    and the outputs in one function), which `CompiledFunction._call_again` calls first."""
     __slots__ = ("refs", "reads", "live", "key", "entry", "alias", "call", "consts", "spec", "token", "again",
-                 "check", "metas", "spans")
+                 "hot", "metas", "spans")
 
     def __init__(self, args, reads, live, key, entry, alias):
         self.refs = tuple([weakref.ref(a) for a in args])
@@ -237,23 +248,21 @@ class LastCall:
         call, self.spec, flat, consts, lifts, _, floats = entry
         self.consts = list(consts)
         self.call = call if flat is True and not lifts and not floats and alias is None else None
-        self.again, self.token, self.check = getattr(self.call, "call_with_token", None), None, None
+        self.again, self.token, self.hot = getattr(self.call, "call_with_token", None), None, None
 
     def same(self, args, grad_enabled) -> bool:
         """The very tensors of the last call, in order (and, under grad mode, none requiring grad)."""
         if len(args) != len(self.refs):
             return False
-        check = self.check
-        if check is not None:
-            return check(args, grad_enabled)
         if grad_enabled:
             for a, r in zip(args, self.refs):
                 if r() is not a or a.requires_grad:
                     return False
         elif not all(map(_is, args, map(_call, self.refs))):
             return False
-        if self.token is not None:            # (which holds them): one generated check from now on
-            self.check = _cudagraph.same_tensors(self.token[0][:len(args)])
+        replayer = getattr(self.call, "replayer", None)     # (none for a value-guarded artifact:
+        if self.token is not None and not self.live and replayer is not None:    # its token path checks)
+            self.hot = replayer(self.token, len(args))     # the graph's replay of them from now on
         return True
 
     def similar(self, args, grad_enabled, ndarrays=False):
@@ -296,7 +305,7 @@ class LastCall:
         refs, metas = list(self.refs), list(self.metas)
         for i in changed:
             refs[i], metas[i] = weakref.ref(args[i]), args[i]._meta
-        new.refs, new.metas, new.spans, new.token, new.check = tuple(refs), tuple(metas), spans, None, None
+        new.refs, new.metas, new.spans, new.token, new.hot = tuple(refs), tuple(metas), spans, None, None
         return new
 
     def run(self, args):
@@ -310,7 +319,11 @@ class LastCall:
             else:
                 outs, token = self.again(inputs)
                 if token is not self.token:   # (token[0]: these args, then the constants)
-                    self.token, self.check = token, None
+                    self.token, self.hot = token, None
+        return self.result(outs, args)
+
+    def result(self, outs, args):
+        """The function's result from the artifact's outputs."""
         if self.spec is None:                 # one tensor returned
             return outs[0]
         return _capture.unflatten(self.spec, iter(outs), list(args))

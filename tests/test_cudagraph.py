@@ -348,21 +348,145 @@ def many_ref(x, *params):
     return np.sin(h)
 
 
-def test_same_tensors_check_sees_every_position():
-    """`cudagraph.same_tensors`: the generated check fails on another tensor in any position
-    (the first, a middle one, the 17th), and under grad on a tensor that requires grad now."""
-    ts = [stax.zeros(3) for _ in range(17)]
-    same = cudagraph.same_tensors(ts)
-    assert same(list(ts), True) and same(tuple(ts), False)
+def test_generated_replay_checks_every_position(fake, rng):
+    """`GraphedCall.replayer`: the generated replay refuses (False, nothing launched) another
+    tensor in any position (the first, a middle one, the 17th, even with the same data and
+    layout), another arity, and under grad a tensor that requires grad now; it replays the
+    very tensors, and refuses (None) once the graph remembers another call's tensors."""
+    f = stax.compile(many, mode="reduce-overhead")
+    args = [cuda_randn(rng, 5, 7)] + [cuda_randn(rng, 7) for _ in range(16)]
+    f(cuda_randn(rng, 5, 7), *args[1:])      # warm-up at another first address: it is staged
+    for _ in range(3):                       # record, replay (remembered), replay (generated)
+        f(*args)
+    g = graphed(f)
+    assert 0 in g.rec.staged
+    token = g.rec.again
+    hot = g.replayer(token, 17)
+    assert hot is not None and f._fast.hot is not None
+    replays = g.stats["replays"]
     for i in (0, 8, 16):
-        other = list(ts)
-        other[i] = stax.zeros(3)
-        assert not same(other, False) and not same(other, True)
-    ts[16].requires_grad = True
-    assert same(ts, False) and not same(ts, True)
-    assert cudagraph.same_tensors([])([], True)
-    one = [stax.zeros(1)]
-    assert cudagraph.same_tensors(one)(one, True) and not cudagraph.same_tensors(one)([stax.zeros(1)], False)
+        other = list(args)
+        other[i] = args[i].clone()           # equal values, equal layout: still another tensor
+        assert hot(other, False) is False and hot(other, True) is False
+    assert hot(args[:16], False) is False and hot(args + [args[0]], False) is False
+    assert g.stats["replays"] == replays     # none of those launched
+    args[16].requires_grad = True
+    assert hot(args, True) is False
+    out = hot(tuple(args), False)            # (grad mode off: requires_grad is not this call's business)
+    assert g.stats["replays"] == replays + 1
+    assert_close(out[0].cpu(), many_ref(*args), stax.float32)
+    args[16].requires_grad = False
+    rec = g.rec
+    g([args[0].clone()] + args[1:])          # another first tensor (copied in): remembered instead
+    assert g.rec is rec and g.rec.again is not token
+    assert hot(args, False) is None and g.stats["replays"] == replays + 2
+    moved = list(args)
+    moved[5] = args[5].clone()               # an unstaged position moved: recorded again
+    g(moved)
+    assert g.rec is not rec and hot(args, False) is None
+    assert g.broken is None and g.stats["records"] == 2
+
+
+def test_last_call_replay_leaves_for_the_slow_path(fake, rng):
+    """The whole call's generated replay (`LastCall.hot`) replays only the very tensors: a
+    tensor that now requires grad takes the training path, a new batch of the same layout is
+    copied in, another shape is another artifact, and after a recording again (an input
+    moved) the same tensors replay the new recording; every result equals float64."""
+    f = stax.compile(many, mode="reduce-overhead")
+    args = [cuda_randn(rng, 5, 7)] + [cuda_randn(rng, 7) for _ in range(16)]
+    for _ in range(4):
+        out = f(*args)
+    assert f._fast.hot is not None
+    assert_close(out.cpu(), many_ref(*args), stax.float32)
+    g = graphed(f)
+    args[3].requires_grad = True             # the same tensor objects; one requires grad now
+    out = f(*args)
+    assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert_close(args[3].grad.cpu(), _dmany(args, 3), stax.float32)
+    args[3].requires_grad, args[3].grad = False, None
+    with stax.no_grad():
+        assert_close(f(*args).cpu(), many_ref(*args), stax.float32)
+    moved = cuda_randn(rng, 7)               # position 9 moves (not staged): recorded again
+    before = g.stats["records"]
+    assert_close(f(*args[:9], moved, *args[10:]).cpu(), many_ref(*args[:9], moved, *args[10:]), stax.float32)
+    assert g.stats["records"] == before + 1
+    for _ in range(3):                       # the old tensors again: the new recording's copies
+        assert_close(f(*args).cpu(), many_ref(*args), stax.float32)
+    small = [cuda_randn(rng, 3, 7)] + args[1:]
+    assert_close(f(*small).cpu(), many_ref(*small), stax.float32)
+    assert_close(f(*args).cpu(), many_ref(*args), stax.float32)
+    assert g.broken is None
+
+
+def test_threads_replaying_at_once_never_see_each_others_values(fake, rng):
+    """Two threads calling one graphed function, one with the same tensors each time (the
+    generated replay), one alternating new batches (copied in): each result equals float64
+    for its own input, or reading it raises because the other thread's replay overwrote it;
+    never the other thread's values. Every call is counted once."""
+    import sys
+    import threading
+    f = stax.compile(chain, mode="reduce-overhead")
+    w = cuda_randn(rng, 33)
+    f(cuda_randn(rng, 7, 33), w)
+    f(cuda_randn(rng, 7, 33), w)             # recorded with the first input staged
+    xs = [cuda_randn(rng, 7, 33) for _ in range(3)]
+    refs = [chain_ref(x.cpu(), w.cpu()) for x in xs]
+    bad, overwritten = [], [0]
+
+    def run(picks):
+        for i in picks:
+            out = f(xs[i], w)
+            try:
+                got = out.cpu()
+            except cudagraph.OverwrittenOutputError:
+                overwritten[0] += 1
+                continue
+            if not np.allclose(np.asarray(got, np.float64), refs[i], rtol=1e-5, atol=1e-5):
+                bad.append(i)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=([0] * 40,)),
+                   threading.Thread(target=run, args=([1, 2] * 20,))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not bad
+    g = graphed(f)
+    assert g.stats["replays"] + g.stats["direct"] == 82 and g.stats["records"] == 1
+
+
+def test_replay_outputs_are_made_as_tensor_make_makes_them(fake, rng):
+    """`Recording.outputs` builds its one output in line (no `_make`, `Storage(...)` calls):
+    the tensor and its storage have exactly the attributes and defaults `_make` gives, so a
+    field added to Tensor or Storage cannot be missed here silently."""
+    import dataclasses
+    from stax.tensor import Storage
+    f = stax.compile(lambda x: stax.cos(x) + 1, mode="reduce-overhead")
+    x = cuda_randn(rng, 4, 9)
+    for _ in range(3):
+        out = f(x)
+    assert graphed(f).rec.single is not None
+    made = stax.Tensor._make(out._storage, out._meta)
+    assert vars(out).keys() == vars(made).keys()
+    assert {k: v for k, v in vars(out).items() if k != "_storage"} == \
+        {k: v for k, v in vars(made).items() if k != "_storage"}
+    fields = {fl.name: fl.default for fl in dataclasses.fields(Storage)}
+    assert vars(out._storage).keys() == fields.keys()
+    assert out._storage.device == "cuda" and out._storage.version == fields["version"]
+    assert_close(out.cpu(), np.cos(np.asarray(x.cpu(), np.float64)) + 1, stax.float32)
+
+
+def _dmany(args, i):
+    """d/d args[i] of many(...).sum(): cos(h) * 0.5 ** (16 - i) summed over the batch rows."""
+    h = np.asarray(args[0].cpu(), np.float64)
+    for p in args[1:]:
+        h = h * 0.5 + np.asarray(p.cpu(), np.float64)
+    return (np.cos(h) * 0.5 ** (16 - i)).sum(0)
 
 
 def test_17_inputs_a_change_in_the_17th_is_caught(fake, rng):
@@ -376,7 +500,7 @@ def test_17_inputs_a_change_in_the_17th_is_caught(fake, rng):
     assert_close(out.cpu(), many_ref(*args), stax.float32)
     g = graphed(f)
     assert g.stats == {"direct": 1, "records": 1, "replays": 3, "copies": 0}
-    assert f._fast.check is not None and g.rec.again[2] is None   # LastCall's generated check in use
+    assert f._fast.hot is not None and g.rec.again[2] is None     # LastCall's generated replay in use
     g(list(args))
     assert_close(g(list(args))[0].cpu(), many_ref(*args), stax.float32)
     assert g.rec.again[2] is not None        # the GraphedCall's own, made on the first repeat
