@@ -211,6 +211,13 @@ def _mod_lines(body: ModBody, into: str) -> list:
     return body.lines + [f"{into} = {body.result}"]
 
 
+# The running max starts at float32's lowest finite value, not -inf: then m_new is finite after
+# any block, even one whose scores are all -inf (masked, or -inf from the data), so 2^(m_i - m_new)
+# and 2^(s - m_new) need no guard against -inf - -inf = NaN (a select per row and step that cost
+# ~4% at head dim 64 on the H200). A row that sees no key keeps l = 0: o = 0/0 = NaN and
+# LSE = -inf, as before. Only -inf lies below it, so no finite score is lost.
+M_START = -3.4028234663852886e38
+
 # The largest BLOCK_M / BLOCK_N of any configuration (attention_configs, attention_tuning_space):
 # a static sequence length that is a multiple of it is cut into whole blocks by every one.
 SEQ_BLOCK_LIMIT = 128
@@ -278,9 +285,8 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
     lines += ["# the online update: rescale (l, acc) by 2^(m_old - m_new), then add this block"
               + (" (the scale folded into exp2's argument)" if raw else ""),
               f"m_new = tl.maximum(m_i, tl.max(qk, 1){scaled})",
-              "m_use = tl.where(m_new == float(\"-inf\"), 0.0, m_new)",
-              "alpha = tl.math.exp2(m_i - m_use)",
-              f"p = tl.math.exp2(qk{scaled} - m_use[:, None])",
+              "alpha = tl.math.exp2(m_i - m_new)",
+              f"p = tl.math.exp2(qk{scaled} - m_new[:, None])",
               "l_i = l_i * alpha + tl.sum(p, 1)",
               f"vb = tl.load(in_ptr2 + ({spec.v.index('b', 'hk', 'rn[:, None]', 'rd[None, :]')})"
               f"{_mask_arg(['' if whole_n else '(rn[:, None] < N)', rd_col])})",
@@ -340,7 +346,7 @@ def _body(spec: AttentionSpec) -> list:
              f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')})"
              f"{_mask_arg(['' if whole_m else '(rm[:, None] < M)', rd_col])})",
              "# the online triple of each query row: running max (base 2), sum, and output",
-             "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
+             f"m_i = tl.full([BLOCK_M], {M_START!r}, tl.float32)",
              "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
              f"acc = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)"]
     lines += _sparse_loops(spec) if spec.sparse else _dense_loop(spec)
@@ -535,7 +541,7 @@ def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
              f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",
              f"q = tl.load(in_ptr0 + ({spec.q.index('b', 'h', 'rm[:, None]', 'rd[None, :]')})"
              f"{_mask_arg(['' if whole_m else '(rm[:, None] < M)', rd_col])})",
-             f"m_i = tl.full([{rows}], float(\"-inf\"), tl.float32)",
+             f"m_i = tl.full([{rows}], {M_START!r}, tl.float32)",
              f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
              f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
              "# this program's split of the keys: its own triple, merged by the second kernel",
