@@ -175,11 +175,19 @@ class CudaUnavailableError(RuntimeError):
     """Raised on any CUDA use when no usable GPU / driver exists."""
 
 
+_thread = threading.local()     # .current: this thread has made the primary context current
+
+
 def init() -> _State:
-    """Initialise the driver once (cuInit, primary context of device 0, the default stream)."""
+    """Initialise the driver once (cuInit, primary context of device 0, the default stream), and
+    make the context current on the calling thread the first time that thread asks (contexts are
+    current per thread: a copy from a new thread would otherwise fail with INVALID_CONTEXT)."""
     global _state, _init_error
     st = _state
     if st is not None:
+        if not getattr(_thread, "current", False):
+            _thread.current = True          # (first: _check's error path calls init too)
+            _check(st.lib.cuCtxSetCurrent(st.context), "cuCtxSetCurrent")
         return st
     with _init_lock:
         if _state is not None:
@@ -188,6 +196,7 @@ def init() -> _State:
             raise CudaUnavailableError(_UNAVAILABLE_MSG.format(reason=_init_error))
         try:
             _state = _do_init()
+            _thread.current = True
         except CudaUnavailableError:
             raise
         except Exception as e:  # noqa: BLE001 -- any failure here means "no GPU"

@@ -92,10 +92,13 @@ class _Generation:
     """The replay count of one GraphedCall (and its name, for the error); outputs remember the
     count they were made at. Outputs hold this cell, not the GraphedCall, so an output kept by the
     caller does not keep the graph."""
-    __slots__ = ("value", "name")
+    __slots__ = ("value", "name", "lock")
 
-    def __init__(self, name=""):
-        self.value, self.name = 0, name
+    def __init__(self, name="", lock=None):
+        # `lock`: the GraphedCall's, which every replay holds while it launches and counts; a host
+        # read of an output holds it across its check and its copy, so another thread's replay
+        # cannot overwrite the values between the two
+        self.value, self.name, self.lock = 0, name, lock or threading.Lock()
 
 
 class OverwrittenOutputError(RuntimeError):
@@ -129,7 +132,8 @@ class GraphOutputArray:
     host_array = property(lambda self: self._live().host_array)
 
     def host(self):
-        return self._live().host()
+        with self._cell.lock:
+            return self._live().host()
 
     def upload(self, array):
         self._live().upload(array)
@@ -494,12 +498,12 @@ class GraphedCall:
         self.last = None              # the last call's `Recording.again`, if it passed condition 2 whole
         self.staged_positions = set()
         self.broken = None            # the driver's error, once recording or replay failed
-        self.cell = _Generation(name)     # its value counts the replays (`stats`)
         self.noted = set()            # log lines already given (each once)
         self.counts = {"direct": 0, "records": 0, "copies": 0}
         # One lock per call (uncontended: ~0.05 µs): two threads replaying at once would otherwise
         # interleave "replay, stamp the outputs" and hand one thread the other's values unchecked.
         self._lock = threading.Lock()
+        self.cell = _Generation(name, self._lock)     # its value counts the replays (`stats`)
 
     @property
     def stats(self) -> dict:

@@ -228,11 +228,14 @@ class _FakeLib:
         self.calls.append(((gx, gy, gz, bx, by, bz, shm), vals))
         return 0
 
+    def cuCtxSetCurrent(self, ctx):      # (cuda.init makes the context current on each thread)
+        return 0
+
 
 def test_launcher_packs_slots_without_gpu(monkeypatch):
     ffi = cuda._make_ffi()
     st = cuda._State()
-    st.ffi, st.lib = ffi, _FakeLib(ffi)
+    st.ffi, st.lib, st.context = ffi, _FakeLib(ffi), ffi.NULL
     st.stream = cuda.Stream._wrap(ffi.NULL, ffi)
     monkeypatch.setattr(cuda, "_state", st)
     k = cuda_triton.Kernel.__new__(cuda_triton.Kernel)
