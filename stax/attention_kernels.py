@@ -253,8 +253,7 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
     prec = f', input_precision="{spec.precision}"' if spec.dtype == "float32" else ""
     d = spec.dims[5]
     whole_m, whole_n = _whole_blocks(spec)
-    rd_row = "" if _full_d(d) else "(rd[:, None] < D)"
-    rd_col = "" if _full_d(d) else "(rd[None, :] < D)"
+    rd_row, rd_col = _head_dim_mask(d, "rd[:, None]"), _head_dim_mask(d, "rd[None, :]")
     lines = ["rn = start_n + tl.arange(0, BLOCK_N)",
              f"kT = tl.load(in_ptr1 + ({spec.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')})"
              f"{_mask_arg(['' if whole_n else '(rn[None, :] < N)', rd_row])})",
@@ -332,7 +331,7 @@ def _sparse_loops(spec: AttentionSpec) -> list:
 def _body(spec: AttentionSpec) -> list:
     b, h, hk, m, n, d = spec.dims
     whole_m, _ = _whole_blocks(spec)
-    rd_col = "" if _full_d(d) else "(rd[None, :] < D)"
+    rd_col = _head_dim_mask(d, "rd[None, :]")
     out_conds = [c for c in ("" if whole_m else "(rm[:, None] < M)", rd_col) if c]
     store_mask = f", {' & '.join(out_conds)}" if out_conds else ""
     to64 = ".to(tl.int64)" if spec.big else ""
@@ -361,6 +360,11 @@ def _body(spec: AttentionSpec) -> list:
 def _full_d(d: int) -> bool:
     """A head dim that is a power of two (>= 16) is exactly the block's `rd` range."""
     return d >= 16 and not d & (d - 1)
+
+
+def _head_dim_mask(d: int, rd: str) -> str:
+    """The head-dim condition of a load or store along `rd`, or "" when it is always true."""
+    return "" if _full_d(d) else f"({rd} < D)"
 
 
 def _full_head_dim(lines: list, d: int) -> list:
@@ -535,7 +539,7 @@ def decode_splits(n: int, programs_wanted: int) -> tuple:
 def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
     b, h, hk, m, n, d = spec.dims
     rows, dp = max(16, _next_pow2(m)), _next_pow2(max(d, 16))
-    whole_m, rd_col = m == rows, "" if _full_d(d) else "(rd[None, :] < D)"
+    whole_m, rd_col = m == rows, _head_dim_mask(d, "rd[None, :]")
     lines = [f"M = {m}", f"N = {n}", f"D = {d}", "split = tl.program_id(0)", "bh = tl.program_id(1)",
              f"b = bh // {h}", f"h = bh % {h}", f"hk = h // {h // hk}" if h != hk else "hk = h",
              f"rm = tl.arange(0, {rows})", f"rd = tl.arange(0, {dp})",

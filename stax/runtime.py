@@ -215,34 +215,26 @@ class GuardedCall:
             if st is not ref() or st.version != version:
                 raise ValuesChanged(f"{why}; its tensor is {'another one' if st is not ref() else 'written to'} now")
 
-    def _written(self, args) -> list:
-        """The storages the write-backs update (taken first: a wrapper clears `args` as it runs)."""
-        return [args[pos]._storage for pos in self.writes]
-
-    def __call__(self, args):
+    def _run(self, args, run):
+        """`run()` between the checks of `args` and the version bumps of the storages its
+        write-backs update (taken first: a wrapper clears `args` as it runs); a replay that did
+        not happen (None) writes nothing."""
         self._check(args)
-        written = self._written(args)
-        outs = self.inner(args)
-        for st in written:
-            st.version += 1
-        return outs
-
-    def _call_with_token(self, args):
-        self._check(args)
-        written = self._written(args)
-        outs, token = self.inner.call_with_token(args)
-        for st in written:
-            st.version += 1
-        return outs, token
-
-    def _replay_again(self, token):
-        self._check(token[0])
-        written = self._written(token[0])
-        outs = self.inner.replay_again(token)
+        written = [args[pos]._storage for pos in self.writes]
+        outs = run()
         if outs is not None:
             for st in written:
                 st.version += 1
         return outs
+
+    def __call__(self, args):
+        return self._run(args, lambda: self.inner(args))
+
+    def _call_with_token(self, args):
+        return self._run(args, lambda: self.inner.call_with_token(args))
+
+    def _replay_again(self, token):
+        return self._run(token[0], lambda: self.inner.replay_again(token))
 
 
 def guard_values(call, graph):
