@@ -127,7 +127,8 @@ def _conv_splits(configs: list, numels: dict) -> list:
     """A split-capable conv's candidates (meta SPLIT_K_MAX > 1): each unsplit one with SPLIT_K 1,
     then, up to CONV_SPLIT_CANDIDATES, each whose tiles leave SMs idle with SPLIT_K 2, 3, 4 (at most
     two programs per SM; s divides the K loop's steps, the kernel's unmasked slices, with at least
-    CONV_SPLIT_MIN_STEPS a split), for Alg. 9.1 to measure. The default
+    CONV_SPLIT_MIN_STEPS a split), those whose waves keep the most SMs busy first, for Alg. 9.1
+    to measure. The default
     (first) is split when its tiles fill under half the SMs and each split still sums
     CONV_SPLIT_DEFAULT_K of K: the largest such s, up to one program per SM."""
     m, n, k, b = (int(numels.get(f"{p}numel", 1)) for p in "mnkb")
@@ -140,8 +141,15 @@ def _conv_splits(configs: list, numels: dict) -> list:
         steps = taps * -(-k // c["BLOCK_K"])
         return steps % s == 0 and steps // s >= CONV_SPLIT_MIN_STEPS
     plain = [{**c, "SPLIT_K": 1} for c in configs[:MAX_CANDIDATES]]
+    def combines(c):          # the last split's combine loads a second tile of float32 partials:
+        return c["BLOCK_M"] * c["BLOCK_N"] <= 64 * 32 * c["num_warps"]   # (wider accumulators spill on sm_90)
     splits = [{**c, "SPLIT_K": s} for c in plain for s in CONV_SPLITS
-              if s <= most and tiles(c) < sms and tiles(c) * s <= 2 * sms and fits(c, s)]
+              if s <= most and tiles(c) < sms and tiles(c) * s <= 2 * sms and fits(c, s) and combines(c)]
+
+    def busy(c):              # the share of the SMs its waves keep busy, then the larger tile
+        programs = tiles(c) * c["SPLIT_K"]
+        return -programs / (-(-programs // sms) * sms), -c["BLOCK_M"] * c["BLOCK_N"]
+    splits.sort(key=busy)     # (stable: the table's order among equals)
     first = plain[0]
     default = [s for s in CONV_SPLITS if s <= most and tiles(first) * 2 < sms and fits(first, s)
                and taps * k // s >= CONV_SPLIT_DEFAULT_K and tiles(first) * s <= max(sms, 2 * tiles(first))]

@@ -401,8 +401,10 @@ def _layer4(batch: int):
 
 def test_split_k_candidates_are_measured_and_the_default_splits_small_grids():
     """ResNet-50's layer4 (batch 32: 52 tiles of 128 x 128 on the H200's 132 SMs) gets SPLIT_K 2, 3, 4
-    candidates beside the unsplit ones, the default unsplit (64 x 64: 200 tiles); at batch 8 the
-    default's 56 tiles fill under half the SMs, so it splits; layer1 (M = 100352) never splits."""
+    candidates beside the unsplit ones (those whose waves keep more SMs busy first), the default
+    unsplit (64 x 64: 200 tiles); its bfloat16 128 x 256 and 256 x 128 tiles fit shared memory (the
+    text's meta carries the element size) and are measured unsplit; at batch 8 the default's 56
+    tiles fill under half the SMs, so it splits; layer1 (M = 100352) never splits."""
     from stax.template_tuning import template_tuning_space
     from stax.triton_heuristics import candidates, kernel_from_source
     gen = _layer4(32)
@@ -417,6 +419,8 @@ def test_split_k_candidates_are_measured_and_the_default_splits_small_grids():
     assert all(c["SPLIT_K"] == 1 for c in cands if (c["BLOCK_M"], c["BLOCK_N"]) == (64, 64))
     assert all((9 * 512 // c["BLOCK_K"]) % c["SPLIT_K"] == 0 for c in cands)     # SPLIT_K divides the steps
     assert template_tuning_space(cands[0], numels)["SPLIT_K"] == [1, 2, 3, 4]
+    wide = [c["SPLIT_K"] for c in cands if c["BLOCK_M"] * c["BLOCK_N"] == 128 * 256]
+    assert "'itemsize': 2" in src and wide == [1, 1]    # measured unsplit: their combine would spill
     ((name8, src8),) = _layer4(8).kernels.items()
     numels8 = {**numels, "mnumel": 392, **kernel_from_source(name8, src8).meta}
     assert candidates("template", numels8)[0]["SPLIT_K"] == 2
