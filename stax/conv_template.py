@@ -325,10 +325,10 @@ def conv_template(index: int, e, lowered) -> tuple:
     consts = ["BLOCK_M : tl.constexpr", "BLOCK_N : tl.constexpr", "BLOCK_K : tl.constexpr",
               "GROUP_M : tl.constexpr"] + (["SPLIT_K : tl.constexpr"] if most > 1 else [])
     # (the element size sizes the shared-memory check: bf16's 128 x 256 tiles fit where float32's do not)
-    facts = {"itemsize": e.dtype.itemsize} if e.dtype.itemsize != 4 else {}
+    facts = {"conv": 1, **({"itemsize": e.dtype.itemsize} if e.dtype.itemsize != 4 else {})}
     if most > 1:
         facts.update({"SPLIT_K_MAX": most, "K_TAPS": taps if tap_loop else 1, "SM_COUNT": sm_count})
-    meta = f", meta={facts!r}" if facts else ""
+    meta = f", meta={facts!r}"
     params = e.params
     src = (f"# {name}: computes {', '.join(dict.fromkeys(e.origins))} (conv2d stride={params['stride']}, "
            f"padding={params['padding']}, dilation={params['dilation']}, groups={params['groups']}) "

@@ -480,7 +480,7 @@ class CachingAutotuner:
         shared = self.meta.get("tuning_key")
         key = cache.content_hash(shared or self.text_key, repr(cands), props.name, repr(props.cc),
                                  _triton_version(), repr(search), repr(sorted(self.options.items())),
-                                 cache.FORMAT)
+                                 cache.FORMAT, "cold" if self.kind == "template" else "warm")
         path = cache.folder("autotune") / f"{'template' if shared else _family(self.name)}_{key}.json"
         if key not in _RECORDS:
             choice = _load_choice(path)
@@ -562,7 +562,7 @@ class CachingAutotuner:
             return math.inf
         if launcher.kernel.local_size_bytes > 0:
             return math.inf                    # spills registers to local memory
-        return cuda.median_ms(lambda: launcher(grid, ptrs))
+        return cuda.median_ms(lambda: launcher(grid, ptrs), cold=self.kind == "template")
 
     def _protect(self, args) -> list:
         """Copies of the buffers this kernel updates in place, so tuning never changes a result."""

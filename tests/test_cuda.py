@@ -352,6 +352,20 @@ def test_events():
 
 
 @on_gpu
+def test_median_ms_cold_flushes_outside_the_caching_allocator():
+    """Alg. 9.1's cold timing (templates): each call after a 256 MB fill; the fill's memory comes
+    from the driver and goes back to it, so no allocated, peak or cached bytes are left behind."""
+    buf = cuda.allocate(32 << 20)
+    cuda.synchronize()
+    before = (cuda.memory_allocated(), cuda.max_memory_allocated())
+    calls = []
+    ms = cuda.median_ms(lambda: (calls.append(1), cuda.memset_zero(buf)), cold=True)
+    warm = cuda.median_ms(lambda: cuda.memset_zero(buf))
+    assert len(calls) == 1 + cuda.COLD_SAMPLES and 0.0 < warm and 0.0 < ms < 1000.0
+    assert (cuda.memory_allocated(), cuda.max_memory_allocated()) == before
+
+
+@on_gpu
 def test_oom_error_name():
     with pytest.raises(cuda.CudaError) as ei:
         cuda.allocate(1 << 40)
