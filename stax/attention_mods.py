@@ -400,8 +400,8 @@ def plan_score_mod(lines: tuple, result: str, bounds: tuple, scale: float, prefi
     if dropped is not None:
         plan.dropped = em.emit(dropped)
     plan.uniform, plan.row, plan.col, plan.tile = (em.groups[g] for g in "urcs")
-    plan.notes = [f"score_mod: {len(plan.uniform)} ops once per program ((b, h) only), {len(plan.row)} once per "
-                  f"query block, {len(plan.col)} once per KV block, {len(plan.tile)} per score"]
+    plan.notes = [f"score_mod, hoisted by what it reads: {len(plan.uniform)} ops of (b, h) only, {len(plan.row)} of "
+                  f"q_idx only, {len(plan.col)} of kv_idx only; {len(plan.tile)} per score"]
     if dropped is not None:
         plan.notes.append(f"{plan.dropped}: dropped from the scores (one value per row, which the softmax does not "
                           "see), added back to the LSE")
@@ -409,3 +409,25 @@ def plan_score_mod(lines: tuple, result: str, bounds: tuple, scale: float, prefi
         plan.notes.append(f"folded into exp2's argument: qk * {plan.factor or 'scale * log2 e'}"
                           + (f" + {plan.column}" if plan.column else "") + ", one FMA per score")
     return plan
+
+
+def _is_one(node) -> bool:
+    """tl.full([1, 1], 1.0, ...) (or 1.0): the derivative of score + anything of the indices."""
+    if isinstance(node, ast.Call) and _text(node.func) == "tl.full" and len(node.args) == 3:
+        node = node.args[1]
+    return isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value == 1
+
+
+@lru_cache(maxsize=256)
+def hoist_mod(lines: tuple, result: str, prefix: str = "dmod_") -> ModPlan | None:
+    """Only the hoisting of `plan_score_mod` (for ∂score_mod/∂score in the backward: nothing
+    dropped, nothing folded): `result` names the per-score value, "1.0" when it is the constant
+    one (the factor can be left out). None: the lines as traced."""
+    tree = _parse(lines, result)
+    if tree is None:
+        return None
+    if _is_one(tree):
+        return ModPlan([], [], [], [], "1.0", None, None, None)
+    em = _Emitter(prefix)
+    out = em.emit(tree)
+    return ModPlan(*(em.groups[g] for g in "urcs"), out, None, None, None)
