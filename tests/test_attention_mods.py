@@ -10,6 +10,7 @@ import pytest
 
 import stax
 from conftest import assert_close
+from test_attention import record_direct_launches  # noqa: F401 (autouse: test_zz_sm90.py builds these kernels)
 from stax.attention import trace_mod
 from stax.attention_kernels import PLAN_ENV, _raw_scores, attention_template, contiguous_operand, make_spec
 from stax.attention_mods import hoist_mod, plan_score_mod
