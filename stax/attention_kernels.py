@@ -1,7 +1,8 @@
 """§9.10 Attention, the kernel side: the online triple, its eager form, and the flash templates.
 
 Layer: back end (GPU) and bottom at once: it imports nothing of stax (but template_tuning's
-float32 precision setting, which imports nothing above it), so that op_table.py (the
+float32 precision setting and attention_mods.py's score_mod plans, which import nothing above
+them), so that op_table.py (the
 eager `sdpa` op), the launcher (triton_heuristics.py: configurations and grid of the kind
 "attention") and the generator (codegen_triton.py) can all read it. The user's API (sdpa,
 omni_attention, block masks, the backward) sits at the top, in attention.py.
@@ -22,6 +23,7 @@ Where to look:
   - `sdpa_numpy` ........................................ the eager op (float64 inside)
   - `AttentionSpec` ..................................... what one template kernel computes
   - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
+  - `mod_plan`, `_mod_prologue`, `_mod_scores` .......... score_mod hoisted / row terms dropped / folded
   - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
   - `cpp_template` ...................................... the C++ template (BACKEND="CPP", compiled CPU code)
   - `omni_extern_spec`, `ModText` ....................... a graph's `omni_attn` node -> a spec
