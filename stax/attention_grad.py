@@ -19,13 +19,15 @@ Where to look:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from .attention_kernels import (PTR_TYPES, TL_DTYPES, AttentionSpec, ModBody, Operand, _expand_heads,
+from .attention_kernels import (LOG2E, PTR_TYPES, TL_DTYPES, AttentionSpec, ModBody, Operand, _expand_heads,
                                 _extern_operand, _next_pow2, apply_mask, ieee_table, kernel_source,
-                                attention_scores, make_spec)
+                                attention_scores, make_spec, mod_plan)
+from .attention_mods import hoist_mod
 
 
 # float32 dots as set_float32_matmul_precision says (the forward spec's `precision`: "ieee" by
@@ -100,15 +102,56 @@ def _bwd_head(spec: AttentionSpec) -> list:
     return [f"M = {m}", f"N = {n}", f"D = {d}", f"rd = tl.arange(0, {_next_pow2(max(d, 16))})"]
 
 
-def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
-    """The attention mask in a backward tile: (lines, extra keep term); a float mask adds to `var`."""
+def _bwd_mask(s: AttentionSpec, rows: str, cols: str, var: str, indent: str, base2: bool = False) -> tuple:
+    """The attention mask in a backward tile: (lines, extra keep term); a float mask adds to `var`
+    (times log2 e when the tile's scores are in base 2: a score_mod plan's, `_Planned`)."""
     if s.mask is None:
         return [], ""
     load = (f"{indent}am = tl.load(in_ptr6 + ({s.mask.index('b', 'h', rows, cols)}), "
             f"mask=({rows} < M) & ({cols} < N), other=0)")
     if s.mask_dtype == "bool":
         return [load], " & (am != 0)"
-    return [load, f"{indent}{var} = {var} + am.to(tl.float32)"], ""
+    return [load, f"{indent}{var} = {var} + am.to(tl.float32){f' * {LOG2E!r}' if base2 else ''}"], ""
+
+
+@dataclass
+class _Planned:
+    """A backward tile's score_mod through attention_mods' plans (the forward's `mod_plan`, and
+    the derivative's hoisting): the scores `var` in base 2 (the LSE too, so P = 2^(S - LSE)),
+    the row terms the forward dropped taken out of the LSE instead (the LSE holds them), the
+    (b, h) and row lines in `pre` (after the LSE's load), the column and per-score ones in
+    `tile` (after the raw QKᵀ). `factor` is ∂score_mod/∂score's product, or ""."""
+    pre: list
+    tile: list
+    factor: str
+
+    @staticmethod
+    def make(bs: BackwardSpec, rows: str, cols: str, var: str, q0: str, row_shape: str, axis: int):
+        s = bs.fwd
+        plan = mod_plan(s)
+        dplan = None if plan is None else hoist_mod(tuple(bs.score_grad.lines), bs.score_grad.result)
+        if dplan is None:
+            return None
+        pre = ["# " + x for x in plan.notes]
+        body = plan.uniform + plan.row + dplan.uniform + dplan.row
+        if any("q0" in x for x in body + plan.col):
+            pre.append(f"q0 = {q0}")
+        pre += [f"q_idx = {rows}", *body]
+        if plan.dropped:
+            pre += [f"row_drop = tl.sum(tl.zeros({row_shape}, dtype=tl.float32) + {plan.dropped}, {axis})",
+                    f"lse = (lse - row_drop) * {LOG2E!r}      # base 2, without the dropped row terms"]
+        else:
+            pre.append(f"lse = lse * {LOG2E!r}      # base 2")
+        tile = [f"kv_idx = {cols}", *plan.col, *dplan.col]
+        reads_score = any(re.search(r"\bscore\b", x) for x in dplan.tile)
+        if plan.folded:
+            tile += [f"score = {var} * {s.scale!r}"] if reads_score else []
+            tile.append(f"{var} = {var} * {plan.factor or repr(s.scale * LOG2E)}"
+                        + (f" + {plan.column}" if plan.column else ""))
+        else:
+            tile += [f"score = {var} * {s.scale!r}", *plan.tile, f"{var} = {plan.result} * {LOG2E!r}"]
+        tile += dplan.tile
+        return _Planned(pre, tile, "" if dplan.result == "1.0" else f" * {dplan.result}")
 
 
 def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
@@ -128,11 +171,18 @@ def _bwd_mods(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> 
     return [indent + x for x in lines], keep, factor
 
 
-def _bwd_tile(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str) -> tuple:
+def _bwd_tile(bs: BackwardSpec, rows: str, cols: str, var: str, indent: str, planned=None) -> tuple:
     """What a backward tile of scores `var` applies, in order: score_mod and mask_mod
-    (`_bwd_mods`), then the attention mask (`_bwd_mask`): (lines, extra keep term, factor)."""
-    mod_lines, mod_keep, factor = _bwd_mods(bs, rows, cols, var, indent)
-    mask_lines, mask_keep = _bwd_mask(bs.fwd, rows, cols, var, indent)
+    (`_bwd_mods`, or the `_Planned` lines), then the attention mask (`_bwd_mask`): (lines,
+    extra keep term, factor)."""
+    if planned is not None:
+        mm = bs.fwd.mask_mod
+        mod_lines = [indent + x for x in planned.tile + ([f"q_idx = {rows}", *mm.lines, f"mm = {mm.result}"]
+                                                        if mm is not None else [])]
+        mod_keep, factor = " & (mm != 0)" if mm is not None else "", planned.factor
+    else:
+        mod_lines, mod_keep, factor = _bwd_mods(bs, rows, cols, var, indent)
+    mask_lines, mask_keep = _bwd_mask(bs.fwd, rows, cols, var, indent, planned is not None)
     return mod_lines + mask_lines, mod_keep + mask_keep, factor
 
 
@@ -147,7 +197,9 @@ def _dkdv_body(bs: BackwardSpec) -> list:
     lo = "(pid_n * BLOCK_M) // BLOCK_N * BLOCK_N" if s.is_causal else "0"
     keep = "(rm[None, :] < M) & (rn[:, None] < N)" + (" & (rm[None, :] >= rn[:, None])" if s.is_causal else "")
     qi, oi, doi = (x.index("b", "h", "rm[:, None]", "rd[None, :]") for x in (s.q, bs.o, bs.do))
-    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8)
+    planned = _Planned.make(bs, "rm[None, :]", "rn[:, None]", "sT", "start_m", "[1, BLOCK_N]", 0)
+    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[None, :]", "rn[:, None]", "sT", " " * 8, planned)
+    exp = "tl.exp" if planned is None else "tl.math.exp2"
     return _bwd_head(s) + [
         "pid_n = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {hk}", f"hk = bh % {hk}",
         "# this program's keys are BLOCK_M wide (the grid's axis), the query blocks BLOCK_N",
@@ -167,10 +219,11 @@ def _dkdv_body(bs: BackwardSpec) -> list:
         f"        ob = tl.load(in_ptr3 + ({oi}), mask=row, other=0.0).to(tl.float32)",
         f"        dob = tl.load(in_ptr4 + ({doi}), mask=row, other=0.0)",
         f"        lse = tl.load(in_ptr5 + ((b * {h} + h) * M + rm), mask=rm < M, other=0.0)",
+        *("        " + x for x in (planned.pre if planned else [])),
         "        delta = tl.sum(dob.to(tl.float32) * ob, 1)",
-        f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32) * {s.scale!r}",
+        f"        sT = tl.dot(kb, tl.trans(qb){prec}, out_dtype=tl.float32)" + (f" * {s.scale!r}" if planned is None else ""),
         *mask_lines,
-        f"        pT = tl.where({keep}{mask_keep}, tl.exp(sT - lse[None, :]), 0.0)",
+        f"        pT = tl.where({keep}{mask_keep}, {exp}(sT - lse[None, :]), 0.0)",
         f"        dv += tl.dot(pT.to({dt}), dob{prec}, out_dtype=tl.float32)",
         f"        dpT = tl.dot(vb, tl.trans(dob){prec}, out_dtype=tl.float32)",
         f"        dsT = tl.where({keep}{mask_keep}, pT * (dpT - delta[None, :]){factor}, 0.0)",
@@ -189,7 +242,9 @@ def _dq_body(bs: BackwardSpec) -> list:
     hi = "tl.minimum(N, (pid_m + 1) * BLOCK_M)" if s.is_causal else "N"
     keep = "(rm[:, None] < M) & (rn[None, :] < N)" + (" & (rm[:, None] >= rn[None, :])" if s.is_causal else "")
     row = "(rm[:, None] < M) & (rd[None, :] < D)"
-    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4)
+    planned = _Planned.make(bs, "rm[:, None]", "rn[None, :]", "sc", "pid_m * BLOCK_M", "[BLOCK_M, 1]", 1)
+    mask_lines, mask_keep, factor = _bwd_tile(bs, "rm[:, None]", "rn[None, :]", "sc", " " * 4, planned)
+    exp = "tl.exp" if planned is None else "tl.math.exp2"
     return _bwd_head(s) + [
         "pid_m = tl.program_id(0)", "bh = tl.program_id(1)", f"b = bh // {h}", f"h = bh % {h}",
         f"hk = h // {h // hk}",
@@ -198,6 +253,7 @@ def _dq_body(bs: BackwardSpec) -> list:
         f"ob = tl.load(in_ptr3 + ({bs.o.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
         f"dob = tl.load(in_ptr4 + ({bs.do.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), mask={row}, other=0.0)",
         "lse = tl.load(in_ptr5 + (bh * M + rm), mask=rm < M, other=0.0)",
+        *(planned.pre if planned else []),
         "delta = tl.sum(dob.to(tl.float32) * ob.to(tl.float32), 1)",
         f"dq = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)",
         f"for start_n in range(0, {hi}, BLOCK_N):",
@@ -205,9 +261,9 @@ def _dq_body(bs: BackwardSpec) -> list:
         "    col = (rn[None, :] < N) & (rd[:, None] < D)",
         f"    kT = tl.load(in_ptr1 + ({s.k.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
         f"    vT = tl.load(in_ptr2 + ({s.v.index('b', 'hk', 'rn[None, :]', 'rd[:, None]')}), mask=col, other=0.0)",
-        f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32) * {s.scale!r}",
+        f"    sc = tl.dot(qb, kT{prec}, out_dtype=tl.float32)" + (f" * {s.scale!r}" if planned is None else ""),
         *mask_lines,
-        f"    p = tl.where({keep}{mask_keep}, tl.exp(sc - lse[:, None]), 0.0)",
+        f"    p = tl.where({keep}{mask_keep}, {exp}(sc - lse[:, None]), 0.0)",
         f"    dp = tl.dot(dob, vT{prec}, out_dtype=tl.float32)",
         f"    ds = tl.where({keep}{mask_keep}, p * (dp - delta[:, None]){factor}, 0.0)",
         f"    dq += tl.dot(ds.to({dt}), tl.trans(kT){prec}, out_dtype=tl.float32)",

@@ -1,7 +1,8 @@
 """§9.10 Attention, the kernel side: the online triple, its eager form, and the flash templates.
 
 Layer: back end (GPU) and bottom at once: it imports nothing of stax (but template_tuning's
-float32 precision setting, which imports nothing above it), so that op_table.py (the
+float32 precision setting and attention_mods.py's score_mod plans, which import nothing above
+them), so that op_table.py (the
 eager `sdpa` op), the launcher (triton_heuristics.py: configurations and grid of the kind
 "attention") and the generator (codegen_triton.py) can all read it. The user's API (sdpa,
 omni_attention, block masks, the backward) sits at the top, in attention.py.
@@ -22,6 +23,7 @@ Where to look:
   - `sdpa_numpy` ........................................ the eager op (float64 inside)
   - `AttentionSpec` ..................................... what one template kernel computes
   - `_kv_step` .......................................... one K/V block: QKᵀ, score_mod, mask, update
+  - `mod_plan`, `_mod_prologue`, `_mod_scores` .......... score_mod hoisted / row terms dropped / folded
   - `decode_templates` .................................. BACKEND="TRITON_DECODE": keys split, triples merged
   - `cpp_template` ...................................... the C++ template (BACKEND="CPP", compiled CPU code)
   - `omni_extern_spec`, `ModText` ....................... a graph's `omni_attn` node -> a spec
@@ -32,9 +34,12 @@ Where to look:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .attention_mods import ModPlan, plan_score_mod
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -240,9 +245,60 @@ def _mask_arg(conds: list, other: str = "0.0") -> str:
 def _raw_scores(spec: AttentionSpec) -> bool:
     """Whether the online update can take the raw QKᵀ and fold the scale into exp2's argument
     (max(s·x) = s·max(x) for s > 0, and s·x - m is one FMA per score): only when nothing reads
-    the scaled score before the update (no score_mod, no additive mask)."""
+    the scaled score before the update (no additive mask, and no score_mod, or one whose plan
+    leaves the score as it is: score + row terms, dropped)."""
     additive = spec.mask is not None and spec.mask_dtype != "bool"
-    return spec.score_mod is None and not additive and spec.scale > 0
+    plan = mod_plan(spec)
+    plain = spec.score_mod is None or (plan is not None and plan.folded and not plan.factor and not plan.column)
+    return plain and not additive and spec.scale > 0
+
+
+PLAN_ENV = "STAX_SCORE_MOD_PLAN"     # "0": print score_mod as traced, per score (to compare the two)
+
+
+def mod_plan(spec: AttentionSpec) -> ModPlan | None:
+    """attention_mods' plan of the spec's score_mod (hoisted, row terms dropped, folded), or None
+    (no score_mod, one it cannot read, or PLAN_ENV=0: the traced lines run per score). The index
+    bounds are the sizes padded by a block (rm and rn run past M and N in the last block)."""
+    if spec.score_mod is None or os.environ.get(PLAN_ENV, "1") == "0":
+        return None
+    b, h, _, m, n, _ = spec.dims
+    pad = lambda x: -(-x // SEQ_BLOCK_LIMIT) * SEQ_BLOCK_LIMIT + SEQ_BLOCK_LIMIT      # noqa: E731
+    bounds = (("b", 0, b - 1), ("h", 0, h - 1), ("q_idx", 0, pad(m)), ("kv_idx", 0, pad(n)))
+    return plan_score_mod(tuple(spec.score_mod.lines), spec.score_mod.result, bounds, float(spec.scale))
+
+
+def _mod_prologue(spec: AttentionSpec, q0: str, rows: str, q_idx: str = "rm[:, None]") -> list:
+    """Before the KV loop: the plan's (b, h) and row lines, once per program, and `row_drop`, the
+    dropped row terms as a [rows] vector (natural units), which the LSE gets back."""
+    plan = mod_plan(spec)
+    if plan is None:
+        return []
+    lines = ["# " + x for x in plan.notes]
+    body = plan.uniform + plan.row
+    if any("q0" in x for x in body + plan.col):
+        lines.append(f"q0 = {q0}                  # the query block's first row: integer terms are centred on it")
+    if plan.row:
+        lines.append(f"q_idx = {q_idx}")
+    lines += body
+    if plan.dropped:
+        lines.append(f"row_drop = tl.sum(tl.zeros([{rows}, 1], dtype=tl.float32) + {plan.dropped}, 1)")
+    return lines
+
+
+def _mod_scores(spec: AttentionSpec, plan: ModPlan) -> list:
+    """In the KV loop, after qk = QKᵀ: the plan's column lines (once per KV block), then the
+    scores in base 2: folded, qk · factor + column (one FMA); else the per-score lines."""
+    lines = (["kv_idx = rn[None, :]"] + plan.col) if plan.col else []
+    if plan.folded:
+        factor = plan.factor or repr(spec.scale * LOG2E)
+        if plan.column:
+            lines.append(f"qk = qk * {factor} + {plan.column}")
+        elif plan.factor:
+            lines.append(f"qk = qk * {factor}")
+        return lines         # (else the scale folds into the online update: _raw_scores)
+    return lines + [f"score = qk * {spec.scale!r}", "q_idx = rm[:, None]", "kv_idx = rn[None, :]",
+                    *plan.tile, f"qk = {plan.result} * {LOG2E!r}"]
 
 
 def _kv_step(spec: AttentionSpec, partial: bool) -> list:
@@ -259,8 +315,10 @@ def _kv_step(spec: AttentionSpec, partial: bool) -> list:
              f"{_mask_arg(['' if whole_n else '(rn[None, :] < N)', rd_row])})",
              f"qk = tl.dot(q, kT{prec}, out_dtype=tl.float32)"]
     keep = [] if whole_n else ["(rn[None, :] < N)"]
-    raw = _raw_scores(spec)
-    if spec.score_mod is not None:
+    raw, plan = _raw_scores(spec), mod_plan(spec)
+    if plan is not None:
+        lines += _mod_scores(spec, plan)
+    elif spec.score_mod is not None:
         lines += [f"score = qk * {spec.scale!r}", "q_idx = rm[:, None]", "kv_idx = rn[None, :]"]
         lines += _mod_lines(spec.score_mod, "qk") + [f"qk = qk * {LOG2E!r}"]
     elif not raw:
@@ -348,12 +406,17 @@ def _body(spec: AttentionSpec) -> list:
              f"m_i = tl.full([BLOCK_M], {M_START!r}, tl.float32)",
              "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
              f"acc = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)"]
+    lines += _mod_prologue(spec, "pid_m * BLOCK_M", "BLOCK_M")
     lines += _sparse_loops(spec) if spec.sparse else _dense_loop(spec)
-    lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2",
-              "o = acc / l_i[:, None]",
+    drop = mod_plan(spec) is not None and mod_plan(spec).dropped
+    lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2"
+              + (" + the dropped row terms" if drop else ""),
+              "o = acc / l_i[:, None]" + ("  + (row_drop - row_drop)[:, None]   # (NaN where a dropped term is not finite)"
+                                          if drop else ""),
               f"tl.store(out_ptr0 + ({spec.out.index('b', 'h', 'rm[:, None]', 'rd[None, :]')}), "
               f"o.to({TL_DTYPES[spec.dtype]}){store_mask})",
-              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}{'' if whole_m else ', rm < M'})"]
+              f"tl.store(out_ptr1 + (bh * M + rm), (m_i + tl.math.log2(l_i)) * {LN2!r}{' + row_drop' if drop else ''}"
+              f"{'' if whole_m else ', rm < M'})"]
     return lines
 
 
@@ -547,12 +610,15 @@ def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
              f"{_mask_arg(['' if whole_m else '(rm[:, None] < M)', rd_col])})",
              f"m_i = tl.full([{rows}], {M_START!r}, tl.float32)",
              f"l_i = tl.zeros([{rows}], dtype=tl.float32)",
-             f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)",
-             "# this program's split of the keys: its own triple, merged by the second kernel",
+             f"acc = tl.zeros([{rows}, {dp}], dtype=tl.float32)"]
+    lines += _mod_prologue(spec, "0", str(rows))
+    lines += ["# this program's split of the keys: its own triple, merged by the second kernel",
              f"for start_n in range(split * {chunk}, tl.minimum(N, (split + 1) * {chunk}), BLOCK_N):"]
     lines += ["    " + x for x in _kv_step(spec, True)]
+    drop = mod_plan(spec) is not None and mod_plan(spec).dropped
     lines += [f"base = (bh * {splits} + split) * {rows}",
-              "tl.store(out_ptr0 + (base + rm), m_i)", "tl.store(out_ptr1 + (base + rm), l_i)",
+              # (the dropped row terms shift the running max back: the merge and its LSE see the full scores)
+              f"tl.store(out_ptr0 + (base + rm), m_i{f' + row_drop * {LOG2E!r}' if drop else ''})", "tl.store(out_ptr1 + (base + rm), l_i)",
               f"tl.store(out_ptr2 + ((base + rm[:, None]) * {dp} + rd[None, :]), acc)"]
     return lines
 

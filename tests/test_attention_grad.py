@@ -284,7 +284,11 @@ def test_compiled_omni_training_step_on_the_gpu(rng, mod):
     assert "extern_kernel" not in gen.wrapper + gen.backward.wrapper
     assert sum("attention_bwd" in k for k in gen.backward.kernels) == 2
     assert not any(s[-2:] == (m, m) for s in _saved_shapes(gen))
-    assert "dsmod" in next(src for k, src in gen.backward.kernels.items() if "bwd_dq" in k)
+    dq = next(src for k, src in gen.backward.kernels.items() if "bwd_dq" in k)
+    if mod == "softcap":            # ∂score_mod/∂score is printed per score
+        assert "p * (dp - delta[:, None]) * dmod_" in dq
+    else:                           # additive: the derivative is 1, the row term left in the LSE
+        assert "dmod_" not in dq and "row_drop" in dq and "tl.math.exp2(sc - lse[:, None])" in dq
 
 
 def test_compiled_omni_training_on_the_cpu_runs_eagerly(rng):
