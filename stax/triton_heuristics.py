@@ -274,6 +274,12 @@ def _progress(text: str, times: list, done: bool = False) -> None:
           file=sys.stderr, flush=True)
 
 
+# Local memory a candidate may use and still be measured: libdevice's sin and cos keep a 28-byte
+# array on the stack for their large-argument range reduction (32 bytes in every configuration of a
+# kernel that calls them); register spills of a tile are larger, and are never chosen.
+LOCAL_FRAME_BYTES = 64
+
+
 def _triton_version() -> str:
     """Triton's version without importing triton (a warm cache never imports it)."""
     from importlib.metadata import version
@@ -560,7 +566,7 @@ class CachingAutotuner:
             launcher = self._launcher(cfg, not any(ptrs[i] & 15 for i in self.pointer_index), args)
         except Exception:                      # a candidate that does not compile costs inf
             return math.inf
-        if launcher.kernel.local_size_bytes > 0:
+        if launcher.kernel.local_size_bytes > LOCAL_FRAME_BYTES:
             return math.inf                    # spills registers to local memory
         return cuda.median_ms(lambda: launcher(grid, ptrs), cold=self.kind == "template")
 
