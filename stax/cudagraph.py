@@ -47,7 +47,7 @@ import warnings
 import weakref
 from operator import is_ as _is
 
-from . import cuda
+from . import cuda, cudagraph_c
 from .tensor import Meta, Storage, Tensor
 
 _new = object.__new__
@@ -334,6 +334,29 @@ def _hot_factory(n: int):
     return make
 
 
+def _native_replayer(mod, python, rec, token, tensors, graphed, ref):
+    """The C replay (cudagraph_c) doing what `python` does: the launch and the copies as raw
+    driver calls when the graph is a cuda.CUDAGraph and the driver CudaDriver (or a test's C
+    stubs: `raw_launch`, `raw_copy`), else through their Python callables."""
+    driver = _DRIVER
+    launch = cudagraph_c.raw_launch(rec.graph) or rec.launch
+    raw = cudagraph_c.raw_copy() if driver.__class__ is CudaDriver else getattr(driver, "raw_copy", lambda: None)()
+    copy = raw or driver.copy
+    real = (launch.__class__ is tuple and rec.graph.__class__ is cuda.CUDAGraph) or \
+        (raw is not None and driver.__class__ is CudaDriver)
+    nonempty = tuple([c for c in token[1] if c[2]]) if token[1] else ()
+
+    def fail(err, i):
+        if err.__class__ is int:        # the CUresult of a raw call: the error its Python call raises
+            err = cudagraph_c.driver_error(err, nonempty[i] if i >= 0 else None)
+        ref()._break("replaying", err)
+    return cudagraph_c.make_replay(
+        mod, python=python, tensors=tensors, rec=rec, token=token, lock=graphed._lock, cell=graphed.cell,
+        launch=launch, copies=token[1], copy=copy, counts=graphed.counts, single=rec.single,
+        outputs=rec.outputs, types=(GraphOutputArray, Storage, Tensor), fail=fail,
+        init=cuda.init if real else None)
+
+
 def _copy_in(copies, counts) -> None:
     """A replay's copies of staged inputs into the buffers the graph reads (before its launch)."""
     copy = _DRIVER.copy
@@ -532,15 +555,18 @@ class GraphedCall:
             return token[2]
         return self._replayer(rec, token, n)
 
-    def _replayer(self, rec, token, n: int):
+    def _replayer(self, rec, token, n: int, native: bool = True):
         # (it holds no strong reference to self: `rec.again` keeps it, and self must stay
         # collectable as soon as its function is, to give the graph's memory back)
         # (the copies with the driver of now: the one the graph was recorded with)
         copies = tuple([c for c in token[1] if c[2]]) if token[1] else None
         lock = self._lock
         tensors = token[0][:n]
-        return _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release, self.cell, copies,
-                               _DRIVER.copy, self.counts, weakref.ref(self))
+        graphed = weakref.ref(self)
+        python = _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release,
+                                 self.cell, copies, _DRIVER.copy, self.counts, graphed)
+        mod = cudagraph_c.module() if native else None
+        return python if mod is None else _native_replayer(mod, python, rec, token, tensors, self, graphed)
 
     def call_with_token(self, args):
         """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
@@ -746,6 +772,7 @@ class GraphedCall:
 # ---- §9.9 The entry: which artifacts are wrapped ----
 
 _CPU_NOTED = [False]
+_C_NOTED = [None]          # the reason last logged that the C replay is not used
 
 
 def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, keep_outputs=False):
@@ -773,4 +800,9 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, kee
     if why is not None:
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: {why}")
         return call
+    slow = cudagraph_c.unavailable()       # (the extension is built here, at compile time, once)
+    if slow is not None and _C_NOTED[0] != slow:
+        _C_NOTED[0] = slow
+        log("cudagraphs", name, "the replay of a call's same tensors runs in Python (the generated "
+            f"replay), not in C: {slow}")
     return GraphedCall(call, name, mutated_positions(graph), log, keep_outputs)
