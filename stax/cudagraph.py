@@ -34,7 +34,9 @@ Where to look:
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
   - `GraphedCall.replayer` .... the generated replay of a call's very tensors again (the host path
-                                of the same tensors again, here and in `specialize.LastCall`)
+                                of the same tensors again, here and in `specialize.LastCall`): in
+                                C (`_native_replayer`, cudagraph_c.py) when the extension builds,
+                                else the generated Python (`_hot_factory`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
@@ -285,7 +287,9 @@ _HOT: dict = {}             # arity -> the factory of `GraphedCall.replayer`'s f
 # GraphedCall's lock: the recording and
 # its remembered tensors still current, the copies into staged inputs, the launch, the outputs.
 # In one function, not five calls (the entry, the check, the lock's `with`, `_replay`, `outputs`):
-# each Python call level was ~0.05-0.1 µs of the host path.
+# each Python call level was ~0.05-0.1 µs of the host path. The C replay (cudagraph_c.py,
+# `_native_replayer`) does the same steps without the interpreter and stands in for this one
+# wherever the extension builds; this one serves where it does not, and for what it leaves to it.
 _HOT_SOURCE = '''\
 def make({params}{dicts}rec, token, acquire, release, cell, copies, copy, counts, graphed):
     def replay(args, grad):
@@ -334,10 +338,11 @@ def _hot_factory(n: int):
     return make
 
 
-def _native_replayer(mod, python, rec, token, tensors, graphed, ref):
+def _native_replayer(mod, python, rec, token, tensors, owner, ref):
     """The C replay (cudagraph_c) doing what `python` does: the launch and the copies as raw
     driver calls when the graph is a cuda.CUDAGraph and the driver CudaDriver (or a test's C
-    stubs: `raw_launch`, `raw_copy`), else through their Python callables."""
+    stubs: `raw_launch`, `raw_copy`), else through their Python callables. It holds the lock,
+    generation and counts of `owner` (the GraphedCall), and `owner` only through `ref`."""
     driver = _DRIVER
     launch = cudagraph_c.raw_launch(rec.graph) or rec.launch
     raw = cudagraph_c.raw_copy() if driver.__class__ is CudaDriver else getattr(driver, "raw_copy", lambda: None)()
@@ -351,8 +356,8 @@ def _native_replayer(mod, python, rec, token, tensors, graphed, ref):
             err = cudagraph_c.driver_error(err, nonempty[i] if i >= 0 else None)
         ref()._break("replaying", err)
     return cudagraph_c.make_replay(
-        mod, python=python, tensors=tensors, rec=rec, token=token, lock=graphed._lock, cell=graphed.cell,
-        launch=launch, copies=token[1], copy=copy, counts=graphed.counts, single=rec.single,
+        mod, python=python, tensors=tensors, rec=rec, token=token, lock=owner._lock, cell=owner.cell,
+        launch=launch, copies=token[1], copy=copy, counts=owner.counts, single=rec.single,
         outputs=rec.outputs, types=(GraphOutputArray, Storage, Tensor), fail=fail,
         init=cuda.init if real else None)
 
@@ -544,7 +549,7 @@ class GraphedCall:
             return self._call(args)
 
     def replayer(self, token, n: int):
-        """The generated replay (`_hot_factory`) for a caller that keeps `token` (from
+        """The generated replay (the C one, or `_hot_factory`'s) for a caller that keeps `token` (from
         `call_with_token`) and will pass the token's first `n` tensors again (`specialize.LastCall`:
         its arguments, the constants after them being its own): `replay(args, grad)`. None for a
         graph whose outputs may be kept across replays (`keep_outputs`: `_replay` moves them)."""

@@ -46,6 +46,7 @@ addresses), `install_entry` (CompiledFunction.__call__'s hot branch in C), `modu
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -175,6 +176,20 @@ def remove_entry(cls) -> None:
     python = _ENTRIES.pop(cls, None)
     if python is not None:
         cls.__call__ = python
+
+
+@contextlib.contextmanager
+def python_entry(cls):
+    """`cls.__call__` its Python self inside the block, the entry again after (bench/host_path.py:
+    the call as it is without the extension)."""
+    entry, python = cls.__dict__["__call__"], _ENTRIES.get(cls)
+    remove_entry(cls)
+    try:
+        yield
+    finally:
+        if python is not None:
+            _ENTRIES[cls] = python
+            cls.__call__ = entry
 
 
 def driver_error(rc: int, copy=None) -> Exception:

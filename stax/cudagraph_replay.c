@@ -165,12 +165,36 @@ done:
     return out;
 }
 
+/* A raw driver call's CUresult `rc` (copy `i`, or the launch: -1), reported through `fail`. */
+static int raw_failure(Replay *self, int rc, Py_ssize_t i)
+{
+    PyObject *code = PyLong_FromLong(rc);
+    if (code == NULL)
+        return -1;
+    int r = failed(self, code, i);
+    Py_DECREF(code);
+    return r < 0 ? -1 : 0;
+}
+
+static int count_copies(Replay *self)   /* counts["copies"] += len(token[1]) */
+{
+    PyObject *old = PyDict_GetItemWithError(self->counts, s_copies), *sum;
+    if (old == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_KeyError, s_copies);
+    if (old == NULL || (sum = PyNumber_Add(old, self->ncounted)) == NULL)
+        return -1;
+    int rc = PyDict_SetItem(self->counts, s_copies, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
 /* Under the lock: the copies and the launch. 1: launched; 0: failed, reported (return None);
-   -1: an exception to propagate. */
+   -1: an exception to propagate. In the order of the Python replay: the copies, their count,
+   the launch (a failed copy is not counted, a failed launch is). */
 static int run(Replay *self)
 {
-    Py_ssize_t i;
-    int rc;
+    Py_ssize_t i, at = -1;
+    int rc = 0;
     PyObject *r;
     if (self->init != Py_None && !context_current) {
         if ((r = PyObject_CallNoArgs(self->init)) == NULL)
@@ -178,54 +202,48 @@ static int run(Replay *self)
         Py_DECREF(r);
         context_current = 1;
     }
-    if (self->has_copies) {
-        for (i = 0; i < self->ncopies; i++) {
-            if (self->copy_ptr != NULL) {
-                Py_BEGIN_ALLOW_THREADS
-                rc = self->copy_ptr(self->dst[i], self->src[i], self->nbytes[i], self->stream);
-                Py_END_ALLOW_THREADS
-                if (rc != 0) {
-                    PyObject *code = PyLong_FromLong(rc);
-                    if (code == NULL)
-                        return -1;
-                    rc = failed(self, code, i);
-                    Py_DECREF(code);
-                    return rc < 0 ? -1 : 0;
-                }
-            } else {
-                r = PyObject_Call(self->copy, PyTuple_GET_ITEM(self->copy_args, i), NULL);
-                if (r == NULL)
-                    return failed(self, NULL, i) < 0 ? -1 : 0;
-                Py_DECREF(r);
+    if (self->launch_ptr != NULL && (!self->has_copies || self->copy_ptr != NULL)) {
+        /* every driver call raw: the GIL released once around them all (cffi releases it
+           around each call) */
+        Py_BEGIN_ALLOW_THREADS
+        for (i = 0; i < self->ncopies; i++)
+            if ((rc = self->copy_ptr(self->dst[i], self->src[i], self->nbytes[i], self->stream)) != 0) {
+                at = i;
+                break;
             }
-        }
-        PyObject *old = PyDict_GetItemWithError(self->counts, s_copies), *sum;
-        if (old == NULL && !PyErr_Occurred())
-            PyErr_SetObject(PyExc_KeyError, s_copies);
-        if (old == NULL || (sum = PyNumber_Add(old, self->ncounted)) == NULL)
+        if (rc == 0)
+            rc = self->launch_ptr(self->exec, self->stream);
+        Py_END_ALLOW_THREADS
+        if (rc != 0 && at >= 0)
+            return raw_failure(self, rc, at);
+        if (self->has_copies && count_copies(self) < 0)
             return failed(self, NULL, -1) < 0 ? -1 : 0;
-        rc = PyDict_SetItem(self->counts, s_copies, sum);
-        Py_DECREF(sum);
-        if (rc < 0)
-            return failed(self, NULL, -1) < 0 ? -1 : 0;
+        return rc != 0 ? raw_failure(self, rc, -1) : 1;
     }
+    for (i = 0; i < self->ncopies; i++) {
+        if (self->copy_ptr != NULL) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = self->copy_ptr(self->dst[i], self->src[i], self->nbytes[i], self->stream);
+            Py_END_ALLOW_THREADS
+            if (rc != 0)
+                return raw_failure(self, rc, i);
+        } else {
+            if ((r = PyObject_Call(self->copy, PyTuple_GET_ITEM(self->copy_args, i), NULL)) == NULL)
+                return failed(self, NULL, i) < 0 ? -1 : 0;
+            Py_DECREF(r);
+        }
+    }
+    if (self->has_copies && count_copies(self) < 0)
+        return failed(self, NULL, -1) < 0 ? -1 : 0;
     if (self->launch_ptr != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = self->launch_ptr(self->exec, self->stream);
         Py_END_ALLOW_THREADS
-        if (rc != 0) {
-            PyObject *code = PyLong_FromLong(rc);
-            if (code == NULL)
-                return -1;
-            rc = failed(self, code, -1);
-            Py_DECREF(code);
-            return rc < 0 ? -1 : 0;
-        }
-    } else {
-        if ((r = PyObject_CallNoArgs(self->launch)) == NULL)
-            return failed(self, NULL, -1) < 0 ? -1 : 0;
-        Py_DECREF(r);
+        return rc != 0 ? raw_failure(self, rc, -1) : 1;
     }
+    if ((r = PyObject_CallNoArgs(self->launch)) == NULL)
+        return failed(self, NULL, -1) < 0 ? -1 : 0;
+    Py_DECREF(r);
     return 1;
 }
 

@@ -358,8 +358,7 @@ def test_a_graph_with_its_c_replay_is_collected(fake, rng):
 
 @pytest.mark.parametrize("why", ["compiler fails", "no compiler", "no Python.h", "off"])
 def test_python_replay_when_the_extension_cannot_be_built(fake, rng, monkeypatch, capsys, tmp_path, why):
-    entry = stax.CompiledFunction.__dict__["__call__"]
-    python = cudagraph_c._ENTRIES.get(stax.CompiledFunction)
+    python = cudagraph_c._ENTRIES.get(stax.CompiledFunction, stax.CompiledFunction.__dict__["__call__"])
     monkeypatch.setattr(cudagraph_c, "_STATE", {})
     monkeypatch.setattr(cudagraph, "_C_NOTED", [None])
     monkeypatch.setenv("STAX_LOGS", "cudagraphs")
@@ -374,20 +373,14 @@ def test_python_replay_when_the_extension_cannot_be_built(fake, rng, monkeypatch
         monkeypatch.setattr(cudagraph_c.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     else:
         monkeypatch.setenv("STAX_CUDAGRAPH_C", "0")
-    if python is not None:
-        cudagraph_c.remove_entry(stax.CompiledFunction)
-    try:
+    with cudagraph_c.python_entry(stax.CompiledFunction):
         x, w = cuda_randn(rng, 6, 10), cuda_randn(rng, 10)
         f, _ = replaying(chain, [x, w], 4)
         assert f._fast.hot is not None and not is_c(f._fast.hot)
-        assert stax.CompiledFunction.__dict__["__call__"] is (python or entry)
+        assert stax.CompiledFunction.__dict__["__call__"] is python     # (no entry installed)
         for _ in range(2):
             assert_close(f(x, w).cpu(), chain_ref(x.cpu(), w.cpu()), stax.float32)
         err = capsys.readouterr().err
         assert err.count("runs in Python (the generated replay), not in C") == 1
         assert {"compiler fails": "simulated: cannot compile", "no compiler": "no C compiler",
                 "no Python.h": "no Python.h", "off": "STAX_CUDAGRAPH_C=0"}[why] in err
-    finally:
-        if python is not None:
-            cudagraph_c._ENTRIES[stax.CompiledFunction] = python
-            stax.CompiledFunction.__call__ = entry
