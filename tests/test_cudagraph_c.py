@@ -15,6 +15,7 @@ from collections import deque
 import threading
 import time
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -384,3 +385,109 @@ def test_python_replay_when_the_extension_cannot_be_built(fake, rng, monkeypatch
         assert err.count("runs in Python (the generated replay), not in C") == 1
         assert {"compiler fails": "simulated: cannot compile", "no compiler": "no C compiler",
                 "no Python.h": "no Python.h", "off": "STAX_CUDAGRAPH_C=0"}[why] in err
+
+
+# ---- the GPU's path (cffi addresses of a cuda.CUDAGraph, CudaDriver's copies) on a fake libcuda ----
+
+FAKE_LIBCUDA = r"""
+#include <stddef.h>
+#include <string.h>
+typedef unsigned long long u64;
+static int rc_next;
+static long long launches, copies, contexts;
+static void *last_exec, *last_stream;
+static u64 last_copy[3];
+int cuGraphLaunch(void *exec, void *stream) { launches++; last_exec = exec; last_stream = stream; return rc_next; }
+int cuMemcpyDtoDAsync_v2(u64 d, u64 s, size_t n, void *stream)
+{
+    copies++; last_copy[0] = d; last_copy[1] = s; last_copy[2] = n; last_stream = stream;
+    return rc_next;
+}
+int cuCtxSetCurrent(void *ctx) { contexts++; return 0; }
+int cuGetErrorName(int rc, const char **p) { *p = rc == 719 ? "CUDA_ERROR_LAUNCH_FAILED" : "CUDA_ERROR_UNKNOWN"; return 0; }
+int cuGetErrorString(int rc, const char **p) { *p = "fake libcuda"; return 0; }
+void fake_set(int rc) { rc_next = rc; }
+void fake_counts(long long *out, void **where, u64 *copy)
+{
+    out[0] = launches; out[1] = copies; out[2] = contexts; where[0] = last_exec; where[1] = last_stream;
+    memcpy(copy, last_copy, sizeof last_copy);
+}
+"""
+
+
+@pytest.fixture
+def fake_libcuda(tmp_path, monkeypatch):
+    """cuda._state over a fake libcuda.so (the functions a replay calls), from `activate()` on:
+    what the H200 runs, with the driver's entry points counting their calls."""
+    import shutil
+    import subprocess
+    from stax import cuda
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, so = tmp_path / "fakecuda.c", tmp_path / "libfakecuda.so"
+    src.write_text(FAKE_LIBCUDA)
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    ffi = cuda._make_ffi()
+    st = cuda._State()
+    st.ffi, st.lib = ffi, ffi.dlopen(str(so))
+    st.context = ffi.cast("CUcontext", 0xC0)
+    st.stream = cuda.Stream._wrap(ffi.cast("CUstream", 0x5170), ffi)
+    import cffi
+    probe = cffi.FFI()
+    probe.cdef("void fake_set(int rc); void fake_counts(long long *out, void **where, unsigned long long *copy);")
+    lib = probe.dlopen(str(so))
+
+    def counts():
+        out, where, copy = probe.new("long long[3]"), probe.new("void *[2]"), probe.new("unsigned long long[3]")
+        lib.fake_counts(out, where, copy)
+        return {"launches": out[0], "copies": out[1], "contexts": out[2],
+                "exec": int(probe.cast("uintptr_t", where[0])), "stream": int(probe.cast("uintptr_t", where[1])),
+                "copy": tuple(copy)}
+
+    def activate():                          # (after compiling: the compiler reads the device too)
+        monkeypatch.setattr(cuda, "_state", st)
+        monkeypatch.setattr(cuda, "_thread", threading.local())
+    yield SimpleNamespace(counts=counts, set=lib.fake_set, ffi=ffi, activate=activate)
+
+
+def test_the_gpu_path_on_a_fake_libcuda(fake, rng, fake_libcuda, monkeypatch):
+    from stax import cuda
+    f = stax.compile(chain, mode="reduce-overhead")
+    x, w = cuda_randn(rng, 7, 33), cuda_randn(rng, 33)
+    f(cuda_randn(rng, 7, 33), w)
+    for _ in range(3):
+        f(x, w)                              # x staged: one copy per replay
+    g = graphed(f)
+    rec, token = g.rec, g.rec.again
+    fake_libcuda.activate()
+    graph = cuda.CUDAGraph()                 # the recording's graph as the GPU's: an exec handle
+    graph._exec = fake_libcuda.ffi.cast("CUgraphExec", 0xE7EC)
+    monkeypatch.setattr(rec, "graph", graph)
+    old = cudagraph.set_driver(cudagraph.CudaDriver())     # (restored before `fake` restores its own)
+    try:
+        hot = g.replayer(token, 2)
+        assert is_c(hot)
+        before = g.stats
+        out = hot([x, w], True)
+        c = fake_libcuda.counts()
+        assert c["launches"] == 1 and c["copies"] == 1 and c["contexts"] == 1      # cuda.init: once
+        assert c["exec"] == 0xE7EC and c["stream"] == 0x5170
+        dst, src, nbytes = token[1][0]
+        assert c["copy"] == (dst, src, nbytes) and src == x.data_ptr()
+        assert g.stats["copies"] == before["copies"] + 1 and g.stats["replays"] == before["replays"] + 1
+        assert type(out[0]._storage.data) is cudagraph.GraphOutputArray
+        t = threading.Thread(target=lambda: hot([x, w], True))
+        t.start()
+        t.join()
+        hot([x, w], False)
+        assert fake_libcuda.counts()["contexts"] == 2     # a new thread: made current there once
+        fake_libcuda.set(719)
+        with pytest.warns(RuntimeWarning, match=r"CUDA_ERROR_LAUNCH_FAILED in cuMemcpyDtoDAsync_v2\(0x"):
+            assert hot([x, w], True) is None
+        assert g.broken is not None and "fake libcuda" in g.broken and g.rec is None
+        assert fake_libcuda.counts()["launches"] == 3    # (the failed copy: no launch)
+    finally:
+        cudagraph.set_driver(old)
+        fake_libcuda.set(0)
+        graph._exec = None
