@@ -349,6 +349,22 @@ static PyObject *replay_call(PyObject *op, PyObject *const *argv, size_t nargsf,
     return out;
 }
 
+static PyObject *replay_how(Replay *self, void *which)   /* what it does without Python */
+{
+    switch ((int)(intptr_t)which) {
+    case 0: return PyBool_FromLong(self->lock != NULL);
+    case 1: return PyBool_FromLong(self->launch_ptr != NULL);
+    default: return PyBool_FromLong(self->copy_ptr != NULL);
+    }
+}
+
+static PyGetSetDef replay_getset[] = {
+    {"direct_lock", (getter)replay_how, NULL, "the lock's PyThread lock taken directly", (void *)0},
+    {"raw_launch", (getter)replay_how, NULL, "the launch a C call through an address", (void *)1},
+    {"raw_copy", (getter)replay_how, NULL, "the copies C calls through an address", (void *)2},
+    {NULL},
+};
+
 static PyTypeObject ReplayType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "stax_replay.Replay",
@@ -360,6 +376,7 @@ static PyTypeObject ReplayType = {
     .tp_traverse = (traverseproc)traverse,
     .tp_clear = (inquiry)clear,
     .tp_dealloc = (destructor)dealloc,
+    .tp_getset = replay_getset,
 };
 
 /* The offset of the __slots__ member `name` of `tp` (a T_OBJECT_EX member descriptor). */

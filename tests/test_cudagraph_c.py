@@ -11,6 +11,7 @@ when the extension cannot be built.
 from __future__ import annotations
 
 import gc
+import sys
 from collections import deque
 import threading
 import time
@@ -72,6 +73,8 @@ def test_the_c_replay_serves_and_equals_eager(fake, rng):
     args = [cuda_randn(rng, 5, 7)] + [cuda_randn(rng, 7) for _ in range(16)]
     f, out = replaying(many, args)
     assert is_c(f._fast.hot) and type(stax.CompiledFunction.__dict__["__call__"]).__name__ == "Entry"
+    assert f._fast.hot.direct_lock == (sys.version_info < (3, 13))     # (3.13's lock is another struct)
+    assert not f._fast.hot.raw_launch and not f._fast.hot.raw_copy     # (the fake driver's callables)
     calls = f.stats["calls"]
     for k in range(3):
         args[0].copy_(stax.from_numpy(rng.standard_normal((5, 7)).astype(np.float32) + k))
@@ -297,7 +300,7 @@ def test_raw_launch_and_copies(raw, rng):
     x = cuda_randn(rng, 7, 33)
     f(x, w)
     f(x, w)                                  # (the C replay made on the first repeat)
-    assert is_c(f._fast.hot)
+    assert is_c(f._fast.hot) and f._fast.hot.raw_launch and f._fast.hot.raw_copy
     _, _, launches, copies, _ = raw.stubs()
     for _ in range(3):
         out = f(x, w)
@@ -467,7 +470,7 @@ def test_the_gpu_path_on_a_fake_libcuda(fake, rng, fake_libcuda, monkeypatch):
     old = cudagraph.set_driver(cudagraph.CudaDriver())     # (restored before `fake` restores its own)
     try:
         hot = g.replayer(token, 2)
-        assert is_c(hot)
+        assert is_c(hot) and hot.raw_launch and hot.raw_copy
         before = g.stats
         out = hot([x, w], True)
         c = fake_libcuda.counts()
