@@ -8,7 +8,16 @@ Kernel time is taken out so that only the host path is left: under mode="reduce-
 CUDA-graph driver whose replay does nothing (as `tests/test_cudagraph.py`'s FakeDriver, minus
 the launches), and in default mode the Triton launch (`CachingAutotuner.run`) stubbed out.
 Workloads: issue 13's chain step (2 inputs, 1 output) and a function of 17 inputs (the MLP
-block's input count: x and 4 layers of w, b, gamma, beta).
+block's input count: x and 4 layers of w, b, gamma, beta), each with its first input copied into
+the graph's buffer every call (staged: it moved after the warm-up call), and the 17 inputs again
+with none staged (as bench/gpu.py launchbound runs the MLP block).
+
+The replay of the same tensors runs in C (stax/cudagraph_c.py) when the extension builds: the
+fake driver's graph and copy then hand it the extension's C stubs (`raw_launch`, `raw_copy`: a
+cuGraphLaunch and a cuMemcpyDtoDAsync that do nothing), as the GPU hands it the driver's. The
+"Python:" rows are the same call as it is without the extension (the Python __call__ and the
+generated Python replay, whose launch is the fake graph's Python `replay`): before and after in
+one run. STAX_CUDAGRAPH_C=0 runs everything in Python.
 
 Every figure is `bursts`'s: after waiting for the device (`sync`; nothing here, the GPU bench's
 cuCtxSynchronize there), one burst of `k` = 16 calls is timed with perf_counter, many times; the
@@ -21,9 +30,10 @@ report the luckiest loop.
 `stages` breaks one reduce-overhead call down, every stage timed the same way (bench/gpu.py
 `launchbound` prints the same table on the H200, with the real cuGraphLaunch):
   - same tensors: the whole call; the CompiledFunction entry (the whole call less the replay);
-    the generated replay (`LastCall.hot`, cudagraph.GraphedCall.replayer), and within it its
-    checks (identity and requires_grad of every input, the lock, the recording still current:
-    the same function on a token it refuses after the lock), the copies into staged inputs,
+    the generated replay (`LastCall.hot`, cudagraph.GraphedCall.replayer: the C one when built),
+    and its checks (identity and requires_grad of every input, the lock, the recording still
+    current: the same replay on a token it refuses after the lock); then the same for the Python
+    path ("Python:" rows), whose replay is broken down further: the copies into staged inputs,
     the launch, the output wrapping (`Recording.outputs`), and the rest (the replay count, the
     calls between); then `GraphedCall(args)` alone (gpu.py's `replay_host_us`);
   - a new batch tensor each call (the same other 16): the whole call (the full entry path: key,
@@ -46,7 +56,7 @@ if __name__ == "__main__":
 import numpy as np  # noqa: E402
 
 import stax  # noqa: E402
-from stax import autograd, cudagraph, triton_heuristics  # noqa: E402
+from stax import autograd, cudagraph, cudagraph_c, triton_heuristics  # noqa: E402
 
 
 class _Graph:
@@ -58,6 +68,11 @@ class _Graph:
 
     def replay(self):
         pass
+
+    def raw_launch(self):
+        """The C replay's launch: the extension's C stub (a cuGraphLaunch that does nothing)."""
+        mod = cudagraph_c.module()
+        return None if mod is None else (mod.stubs()[0], 0, 0, self)
 
 
 class _Driver:
@@ -72,6 +87,10 @@ class _Driver:
 
     def pool(self, private=False):
         return None
+
+    def raw_copy(self):
+        mod = cudagraph_c.module()
+        return None if mod is None else (mod.stubs()[1], 0)
 
 
 def chain(x, w):
@@ -146,19 +165,33 @@ def stages(f, args, batches, timer=bursts) -> dict:
     token = fast.token
     stale = [token[0], token[1], None]       # the same tensors under a token the graph refuses
     refused = g._replayer(rec, stale, len(targs))
+    python = g._replayer(rec, token, len(targs), native=False)     # the generated Python replay
+    python_refused = g._replayer(rec, stale, len(targs), native=False)
     counts = dict(g.counts)                  # (the copies stage counts into a scratch dict)
-    row = {"same tensors replay whole": True,
+    native = type(hot).__name__ == "Replay"
+    row = {"same tensors replay whole": True, "C replay": native,
            "whole call": timer(f, args),
            "generated replay": timer(lambda: hot(targs, grad), []),
-           "checks (identity, grad, lock)": timer(lambda: refused(targs, grad), []),
-           "copies in": timer(lambda: cudagraph._copy_in(token[1], counts), []) if token[1] else 0.0,
-           "launch": timer(rec.launch, []),
-           "outputs": timer(lambda: rec.outputs(cell), []),
-           "GraphedCall(args)": timer(lambda *a: g(list(a)), args)}
-    assert refused(targs, grad) is None and rec.again is token, "the checks stage replayed"
+           "checks (identity, grad, lock)": timer(lambda: refused(targs, grad), [])}
+    with cudagraph_c.python_entry(type(f)):  # today's path: the Python __call__ and replay
+        fast.hot = python
+        try:
+            row["Python: whole call"] = timer(f, args)
+        finally:
+            fast.hot = hot
+    row.update({"Python: generated replay": timer(lambda: python(targs, grad), []),
+                "Python: checks (identity, grad, lock)": timer(lambda: python_refused(targs, grad), []),
+                "Python: copies in": timer(lambda: cudagraph._copy_in(token[1], counts), []) if token[1] else 0.0,
+                "Python: launch": timer(rec.launch, []),
+                "Python: outputs": timer(lambda: rec.outputs(cell), []),
+                "GraphedCall(args)": timer(lambda *a: g(list(a)), args)})
+    assert refused(targs, grad) is None and python_refused(targs, grad) is None and rec.again is token, \
+        "the checks stage replayed"
+    assert fast.hot is hot and f._fast is fast, "the stages left another replay in place"
     row["CompiledFunction entry"] = row["whole call"] - row["generated replay"]
-    row["replay rest"] = (row["generated replay"] - row["checks (identity, grad, lock)"] - row["copies in"]
-                          - row["launch"] - row["outputs"])
+    row["Python: CompiledFunction entry"] = row["Python: whole call"] - row["Python: generated replay"]
+    row["Python: replay rest"] = (row["Python: generated replay"] - row["Python: checks (identity, grad, lock)"]
+                                  - row["Python: copies in"] - row["Python: launch"] - row["Python: outputs"])
     before = g.stats
     row["new batch: whole call"] = timer(cycling(f, batches), args[1:])
     row["new batch: GraphedCall(args)"] = timer(cycling(lambda *a: g(list(a)), batches), args[1:])
@@ -168,8 +201,9 @@ def stages(f, args, batches, timer=bursts) -> dict:
 
 
 STAGE_ORDER = ["whole call", "CompiledFunction entry", "generated replay", "checks (identity, grad, lock)",
-               "copies in", "launch", "outputs", "replay rest", "GraphedCall(args)", "new batch: whole call",
-               "new batch: GraphedCall(args)"]
+               "Python: whole call", "Python: CompiledFunction entry", "Python: generated replay",
+               "Python: checks (identity, grad, lock)", "Python: copies in", "Python: launch", "Python: outputs",
+               "Python: replay rest", "GraphedCall(args)", "new batch: whole call", "new batch: GraphedCall(args)"]
 
 
 def _cell(v) -> str:
@@ -186,6 +220,9 @@ def print_stages(rows: dict) -> None:
     for n, r in rows.items():
         if not r["same tensors replay whole"] or not r.get("new batch copied in"):
             print(f"{n}: NOT the hot path: {r}")
+        elif not r["C replay"]:
+            print(f"{n}: the C replay is not in use ({cudagraph_c.unavailable()}): the rows above the "
+                  "'Python:' ones are the Python replay too")
 
 
 def main(argv):
@@ -194,14 +231,16 @@ def main(argv):
 
     def cuda(*shape):
         return stax.from_numpy(rng.standard_normal(shape).astype(np.float32)).to("cuda")
-    work = {"chain (2 inputs)": (chain, [cuda(7, 33), cuda(33)]),
-            "17 inputs": (many, [cuda(8, 64)] + [cuda(64) for _ in range(16)])}
+    work = {"chain (2 inputs)": (chain, [cuda(7, 33), cuda(33)], True),
+            "17 inputs": (many, [cuda(8, 64)] + [cuda(64) for _ in range(16)], True),
+            "17 inputs, none staged": (many, [cuda(8, 64)] + [cuda(64) for _ in range(16)], False)}
     table = {}
-    for name, (fn, args) in work.items():
+    for name, (fn, args, staged) in work.items():
         graphs = stax.compile(fn, mode="reduce-overhead")
         batches = [cuda(*args[0].shape) for _ in range(4)]
         graphs(*args)                           # warm-up
-        graphs(batches[0], *args[1:])           # record: the first input moved, so it is staged
+        # record: the first input moved, so it is staged (bench/gpu.py launchbound's MLP: none staged)
+        graphs(*([batches[0]] if staged else args[:1]), *args[1:])
         graphs(*args)
         table[name] = stages(graphs, args, batches)
         plain = stax.compile(fn)

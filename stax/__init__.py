@@ -486,10 +486,9 @@ class CompiledFunction:
             fast = self._fast
             if fast is not None and not kwargs:
                 hot = fast.hot          # §9.9: a CUDA graph's replay of the last call's very tensors
-                if hot is not None and fast.reads is self.reads and _TLS.tracer is None and \
-                        _tuning._precision[0] is self._precision:
-                    outs = hot(args, autograd._mode.enabled)    # (the checks of `_call_again`, in line)
-                    if outs.__class__ is tuple:
+                # (the checks of `_call_again`, in line; cudagraph_c.install_entry: the same in C)
+                if hot is not None and fast.reads is self.reads and _TLS.tracer is None and _tuning._precision[0] is self._precision:
+                    if (outs := hot(args, autograd._mode.enabled)).__class__ is tuple:
                         return outs[0] if fast.spec is None else fast.result(outs, args)
                 out = self._call_again(fast, args)
                 if out is not _MISS:
@@ -919,9 +918,11 @@ class CompiledFunction:
         """§9.9: under mode='reduce-overhead', `call` replayed from a CUDA graph where it may be."""
         if self.mode != "reduce-overhead":
             return call
-        from . import cudagraph
-        return cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log,
-                              keep_outputs=keep_outputs)
+        from . import cudagraph, cudagraph_c
+        wrapped = cudagraph.wrap(call, graph, gen.module, name=name, device=device, dynamic=dynamic, log=_log,
+                                 keep_outputs=keep_outputs)
+        cudagraph_c.install_entry(CompiledFunction, _TLS, _tuning._precision, autograd._mode, _LastCall)  # (once built)
+        return wrapped
 
 
 _EXTERN_CALL = re.compile(r"= extern_kernel\('(\w+)'")

@@ -34,7 +34,9 @@ Where to look:
                                 `keep` moves one still referenced out (a training backward's
                                 gradients, `GraphedCall(keep_outputs=True)`)
   - `GraphedCall.replayer` .... the generated replay of a call's very tensors again (the host path
-                                of the same tensors again, here and in `specialize.LastCall`)
+                                of the same tensors again, here and in `specialize.LastCall`): in
+                                C (`_native_replayer`, cudagraph_c.py) when the extension builds,
+                                else the generated Python (`_hot_factory`)
   - `graph_owned` ............. whether tensors read what a graph's next replay overwrites
                                 (aot_autograd's rule for a forward whose backward is pending)
   - `CudaDriver`, `set_driver`  the driver seam (tests/test_cudagraph.py installs a fake one)
@@ -47,7 +49,7 @@ import warnings
 import weakref
 from operator import is_ as _is
 
-from . import cuda
+from . import cuda, cudagraph_c
 from .tensor import Meta, Storage, Tensor
 
 _new = object.__new__
@@ -285,7 +287,9 @@ _HOT: dict = {}             # arity -> the factory of `GraphedCall.replayer`'s f
 # GraphedCall's lock: the recording and
 # its remembered tensors still current, the copies into staged inputs, the launch, the outputs.
 # In one function, not five calls (the entry, the check, the lock's `with`, `_replay`, `outputs`):
-# each Python call level was ~0.05-0.1 µs of the host path.
+# each Python call level was ~0.05-0.1 µs of the host path. The C replay (cudagraph_c.py,
+# `_native_replayer`) does the same steps without the interpreter and stands in for this one
+# wherever the extension builds; this one serves where it does not, and for what it leaves to it.
 _HOT_SOURCE = '''\
 def make({params}{dicts}rec, token, acquire, release, cell, copies, copy, counts, graphed):
     def replay(args, grad):
@@ -332,6 +336,30 @@ def _hot_factory(n: int):
         exec(compile(src, f"<stax cudagraph replayer/{n}>", "exec"), scope)
         make = _HOT.setdefault(n, scope["make"])
     return make
+
+
+def _native_replayer(mod, python, rec, token, tensors, owner, ref):
+    """The C replay (cudagraph_c) doing what `python` does: the launch and the copies as raw
+    driver calls when the graph is a cuda.CUDAGraph and the driver CudaDriver (or a test's C
+    stubs: `raw_launch`, `raw_copy`), else through their Python callables. It holds the lock,
+    generation and counts of `owner` (the GraphedCall), and `owner` only through `ref`."""
+    driver = _DRIVER
+    launch = cudagraph_c.raw_launch(rec.graph) or rec.launch
+    raw = cudagraph_c.raw_copy() if driver.__class__ is CudaDriver else getattr(driver, "raw_copy", lambda: None)()
+    copy = raw or driver.copy
+    real = (launch.__class__ is tuple and rec.graph.__class__ is cuda.CUDAGraph) or \
+        (raw is not None and driver.__class__ is CudaDriver)
+    nonempty = tuple([c for c in token[1] if c[2]]) if token[1] else ()
+
+    def fail(err, i):
+        if err.__class__ is int:        # the CUresult of a raw call: the error its Python call raises
+            err = cudagraph_c.driver_error(err, nonempty[i] if i >= 0 else None)
+        ref()._break("replaying", err)
+    return cudagraph_c.make_replay(
+        mod, python=python, tensors=tensors, rec=rec, token=token, lock=owner._lock, cell=owner.cell,
+        launch=launch, copies=token[1], copy=copy, counts=owner.counts, single=rec.single,
+        outputs=rec.outputs, types=(GraphOutputArray, Storage, Tensor), fail=fail,
+        init=cuda.init if real else None)
 
 
 def _copy_in(copies, counts) -> None:
@@ -521,7 +549,7 @@ class GraphedCall:
             return self._call(args)
 
     def replayer(self, token, n: int):
-        """The generated replay (`_hot_factory`) for a caller that keeps `token` (from
+        """The generated replay (the C one, or `_hot_factory`'s) for a caller that keeps `token` (from
         `call_with_token`) and will pass the token's first `n` tensors again (`specialize.LastCall`:
         its arguments, the constants after them being its own): `replay(args, grad)`. None for a
         graph whose outputs may be kept across replays (`keep_outputs`: `_replay` moves them)."""
@@ -532,15 +560,18 @@ class GraphedCall:
             return token[2]
         return self._replayer(rec, token, n)
 
-    def _replayer(self, rec, token, n: int):
+    def _replayer(self, rec, token, n: int, native: bool = True):
         # (it holds no strong reference to self: `rec.again` keeps it, and self must stay
         # collectable as soon as its function is, to give the graph's memory back)
         # (the copies with the driver of now: the one the graph was recorded with)
         copies = tuple([c for c in token[1] if c[2]]) if token[1] else None
         lock = self._lock
         tensors = token[0][:n]
-        return _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release, self.cell, copies,
-                               _DRIVER.copy, self.counts, weakref.ref(self))
+        graphed = weakref.ref(self)
+        python = _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release,
+                                 self.cell, copies, _DRIVER.copy, self.counts, graphed)
+        mod = cudagraph_c.module() if native else None
+        return python if mod is None else _native_replayer(mod, python, rec, token, tensors, self, graphed)
 
     def call_with_token(self, args):
         """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a
@@ -746,6 +777,7 @@ class GraphedCall:
 # ---- §9.9 The entry: which artifacts are wrapped ----
 
 _CPU_NOTED = [False]
+_C_NOTED = [None]          # the reason last logged that the C replay is not used
 
 
 def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, keep_outputs=False):
@@ -773,4 +805,9 @@ def wrap(call, graph, module, *, name: str, device: str, dynamic: bool, log, kee
     if why is not None:
         log("cudagraphs", name, f"{name} is not wrapped in a CUDA graph: {why}")
         return call
+    slow = cudagraph_c.unavailable()       # (the extension is built here, at compile time, once)
+    if slow is not None and _C_NOTED[0] != slow:
+        _C_NOTED[0] = slow
+        log("cudagraphs", name, "the replay of a call's same tensors runs in Python (the generated "
+            f"replay), not in C: {slow}")
     return GraphedCall(call, name, mutated_positions(graph), log, keep_outputs)
