@@ -568,35 +568,58 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
         e = sympy.sympify(e)
         return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
 
+    # the last piece's length known only at run time (§10.3): per element, a select between the
+    # two lengths' reciprocals and a product instead of a division by a run-time value (the
+    # static form divides by a constant, a product too), and the shift K_s read once per column
+    # outside the ragged piece's mask (its row s * rows < n for every piece)
+    run_time = not sympy.sympify(last - rows).is_Integer
+
+    def is_last(s):
+        return ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype))
+
     def count(s):
         if sympy.sympify(last - rows) == 0:
             return number(rows * inner)
-        return ops.where(ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype)),
-                         number(rows * inner), number(last * inner))
+        return ops.where(is_last(s), number(rows * inner), number(last * inner))
+
+    def per_element(total, s):          # total / count(s)
+        if not run_time:
+            return ops.truediv(total, count(s))
+        full = sympy.sympify(rows * inner)
+        whole = ops.constant(1.0 / float(full), dt) if full.is_Integer else ops.reciprocal(number(full))
+        return ops.mul(total, ops.where(is_last(s), whole, ops.reciprocal(number(last * inner))))
 
     def shift(s, x):
         return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
+
+    def shifted(s, x, r, k_s=None):
+        return ops.sub(v_fn(x, r), shift(s, x) if k_s is None else k_s)
     s_name, m2_name = names or (new_name(), new_name())
     load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
-    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows, index_dtype)
+
+    def sum_piece(index, rindex):
+        s, x = sx(index)
+        k_s = shift(s, x) if run_time else None
+        return _piece_fn(red, lambda s_, x_, r_: shifted(s_, x_, r_, k_s), splits, rows, index_dtype)(s, x, rindex)
 
     def dev_piece(index, rindex):
         s, x = sx(index)
-        mean = ops.truediv(load_s(index), count(s))
+        k_s = shift(s, x) if run_time else None
+        mean = per_element(load_s(index), s)
 
         def sq(s_, x_, r_):
-            d = ops.sub(ops.sub(v_fn(x_, r_), shift(s_, x_)), mean)
+            d = ops.sub(shifted(s_, x_, r_, k_s), mean)
             return ops.mul(d, d)
         return _piece_fn(red, sq, splits, rows, index_dtype)(s, x, rindex)
 
     ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
     first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
-             for name, fn in ((s_name, lambda i, r: sum_piece(*sx(i), r)), (m2_name, dev_piece))]
+             for name, fn in ((s_name, sum_piece), (m2_name, dev_piece))]
 
     def combine(index, rindex):
         s = rindex[0]
         n = count(s)
-        d = ops.add(ops.sub(shift(s, index), c_fn(index)), ops.truediv(load_s(at(s, index)), n))
+        d = ops.add(ops.sub(shift(s, index), c_fn(index)), per_element(load_s(at(s, index)), s))
         return ops.add(load_m2(at(s, index)), ops.mul(n, ops.mul(d, d)))
 
     def total_fn(index, rindex):

@@ -75,6 +75,56 @@ def test_var_std_dim0_equal_numpy_at_every_size(rng, device):
         # deviations' masked body reuses the sum's masked loads (TritonPrinter.masked)
 
 
+# ---- wide columns: the pieces on the grid's y (triton_kernel.grid_y_lines) ----
+
+
+def _wide_var(rng, compiled, shapes):
+    for shape in shapes:
+        a = _data(rng, shape)
+        A = a.astype(np.float64)
+        got = _run(compiled, a, "cuda")
+        for g, w in zip(got, (A.var(0, ddof=1), A.std(0), A.mean(0))):
+            # atol: of two rows, some of 1000 columns hold values one float32 ulp apart (6e-5 at
+            # 1e3), whose std float32 eager rounds as much (its mean is rounded to that ulp)
+            assert_close(g, w, "float32", rtol=1e-4, atol=1e-4)
+    assert compiled.stats["compiles"] == 1 and compiled.stats["eager_calls"] == 0, compiled.stats
+
+
+WIDE = lambda x: (x.var(0), x.std(0, correction=0), x.mean(0))  # noqa: E731
+
+
+def test_var_wide_columns_pieces_on_grid_y(rng, monkeypatch, tmp_path):
+    """Columns at the hint >= MAX_OUTER_BLOCK: the pieces kernel takes its piece from
+    program_id(1) and its columns from program_id(0) (no run-time `// s1`, `% s1` per element);
+    every later size (narrow, ragged, one piece, primes) equals float64 numpy. (A cache of its
+    own: a dynamic artifact on disk serves every hint of its ranks, the first one's form.)"""
+    monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    compiled = stax.compile(WIDE, dynamic=True)
+    piece = GPU_PIECE
+    _wide_var(rng, compiled, [(3 * piece + 7, 1024), (2, 1024), (piece - 1, 1031), (piece, 1000),
+                              (piece + 1, 17), (2 * piece + 1, 3), (97, 2), (1000, 13), (131, 1029)])
+    pieces = next(iter(compiled.last_generated.kernels.values()))
+    assert "tl.program_id(1)" in pieces and "ymask = yindex < ynumel" in pieces, pieces
+    assert "% s1" not in pieces and "// s1" not in pieces, pieces
+    assert "meta={'grid_y': 65535}" in pieces, pieces
+    assert pieces.count("tl.load(in_ptr0 + (r0_") == 1, pieces       # each piece read once
+    assert pieces.count(" / ") == 1, pieces     # 1 / the ragged piece's length: no division per element
+
+
+def test_var_wide_columns_pieces_fold_onto_z(rng, monkeypatch, tmp_path):
+    """More pieces than the grid's y extent: the rest fold onto z, the programs past the last
+    piece masked (the fold made 3 here, so a few hundred rows exercise it)."""
+    from stax import triton_kernel
+    monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_kernel, "GRID_LIMIT_YZ", 3)
+    compiled = stax.compile(WIDE, dynamic=True)
+    piece = GPU_PIECE
+    _wide_var(rng, compiled, [(3 * piece + 7, 1024), (7 * piece + 3, 5), (2, 1030), (3 * piece, 9),
+                              (10 * piece - 1, 2)])
+    pieces = next(iter(compiled.last_generated.kernels.values()))
+    assert "tl.program_id(2) * 3 + tl.program_id(1)" in pieces and "'grid_y': 3" in pieces, pieces
+
+
 # ---- batch-norm statistics over (0, 2, 3) of NCHW ----
 
 
@@ -126,13 +176,18 @@ def test_var_non_contiguous_half_and_long_rows(rng):
     assert ln.stats["compiles"] == 1
 
 
-def test_triton_var_pieces_build_for_sm90():
+def test_triton_var_pieces_build_for_sm90(monkeypatch, tmp_path):
     """The dynamic pieces' kernels (masked, sizes as parameters) build for sm_90, in a process
     of its own (this one may run Triton's interpreter)."""
-    compiled = stax.compile(lambda x: (x.var(0), x.mean(0)), dynamic=True)
-    compiled(stax.randn(2000, 33).to("cuda"))
-    gen = compiled.last_generated
-    assert len(gen.kernels) == 2
+    kernels = []
+    for shape in ((2000, 33), (300, 1024)):         # a flat x index; the pieces on the grid's y
+        monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path / str(shape[1])))   # (one form per hint)
+        compiled = stax.compile(lambda x: (x.var(0), x.mean(0)), dynamic=True)
+        compiled(stax.randn(*shape).to("cuda"))
+        gen = compiled.last_generated
+        assert len(gen.kernels) == 2
+        kernels += list(gen.kernels.items())
+    assert sum("'grid_y'" in src for _, src in kernels) == 1
     script = (
         "import json, sys\n"
         "from stax.triton_heuristics import kernel_from_source\n"
@@ -140,4 +195,4 @@ def test_triton_var_pieces_build_for_sm90():
         "    cubin, info, _ = kernel_from_source(name, src).compile_for(90)\n"
         "    assert cubin[:4] == b'\\x7fELF', name\n"
         "print(json.dumps('built'))\n")
-    assert run_outside_interpreter(script, json.dumps(list(gen.kernels.items())), timeout=300) == "built"
+    assert run_outside_interpreter(script, json.dumps(kernels), timeout=300) == "built"
