@@ -545,6 +545,35 @@ def _piece_count(n_outer, rows: int) -> tuple:
     return splits, rows, n_outer - (splits - 1) * rows
 
 
+def _piece_lengths(splits, rows, last, inner, dt, index_dtype) -> tuple:
+    """(count(s), per_element(total, s), run_time) of pieces of `rows` slices of `inner` elements,
+    the last of `last` slices: piece s's element count as a float, total / that count, and whether
+    the last piece's length is known only at run time (§10.3). Then per_element is a select
+    between the two lengths' reciprocals and a product, not a division by a run-time value per
+    element (the static form divides by a constant: a product too)."""
+    def number(e):                   # an element count as a float (symbolic: computed at run time)
+        e = sympy.sympify(e)
+        return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
+
+    def is_last(s):
+        return ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype))
+
+    def count(s):
+        if sympy.sympify(last - rows) == 0:
+            return number(rows * inner)
+        return ops.where(is_last(s), number(rows * inner), number(last * inner))
+
+    run_time = not sympy.sympify(last - rows).is_Integer
+
+    def per_element(total, s):
+        if not run_time:
+            return ops.truediv(total, count(s))
+        full = sympy.sympify(rows * inner)
+        whole = ops.constant(1.0 / float(full), dt) if full.is_Integer else ops.reciprocal(number(full))
+        return ops.mul(total, ops.where(is_last(s), whole, ops.reciprocal(number(last * inner))))
+    return count, per_element, run_time
+
+
 def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None,
                        index_dtype=int64) -> tuple:
     """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
@@ -564,30 +593,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     at = (lambda s, x: [s] + list(x)) if outer else (lambda s, x: list(x) + [s])
     sx = (lambda i: (i[0], i[1:])) if outer else (lambda i: (i[-1], i[:-1]))
 
-    def number(e):                   # an element count as a float (symbolic: computed at run time)
-        e = sympy.sympify(e)
-        return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
-
-    # the last piece's length known only at run time (§10.3): per element, a select between the
-    # two lengths' reciprocals and a product instead of a division by a run-time value (the
-    # static form divides by a constant, a product too), and the shift K_s read once per column
-    # outside the ragged piece's mask (its row s * rows < n for every piece)
-    run_time = not sympy.sympify(last - rows).is_Integer
-
-    def is_last(s):
-        return ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype))
-
-    def count(s):
-        if sympy.sympify(last - rows) == 0:
-            return number(rows * inner)
-        return ops.where(is_last(s), number(rows * inner), number(last * inner))
-
-    def per_element(total, s):          # total / count(s)
-        if not run_time:
-            return ops.truediv(total, count(s))
-        full = sympy.sympify(rows * inner)
-        whole = ops.constant(1.0 / float(full), dt) if full.is_Integer else ops.reciprocal(number(full))
-        return ops.mul(total, ops.where(is_last(s), whole, ops.reciprocal(number(last * inner))))
+    count, per_element, run_time = _piece_lengths(splits, rows, last, inner, dt, index_dtype)
 
     def shift(s, x):
         return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
