@@ -515,16 +515,16 @@ def _same_values(red: Reduction, fn_a, fn_b) -> bool:
         return fn_a(xv, rv) == fn_b(xv, rv)
 
 
-def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64):
+def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64, whole=False):
     """inner(s, x, rindex) over piece s: `rows` slices of the outermost reduced dim, the inner
     reduced dims whole (their loads keep their shape: contiguous runs, SIMD on the CPU);
     (s, x, rindex) -> value, or the identity 0 past the last slice (a mask whenever the pieces
-    may not tile the dim: always for a symbolic size, §10.3)."""
+    may not tile the dim: always for a symbolic size, §10.3, unless `whole`: every piece full)."""
     outer_size = red.reduction_ranges[0]
 
     def fn(s, x, r):
         full = [s * rows + r[0]] + list(r[1:])
-        if sympy.sympify(rows * splits - outer_size) == 0:
+        if whole or sympy.sympify(rows * splits - outer_size) == 0:
             return inner(s, x, full)
         in_range = ops.lt(ops.index_expr(full[0], index_dtype), ops.index_expr(outer_size, index_dtype))
         return ops.masked(in_range, lambda: inner(s, x, full), ops.constant(0, red.src_dtype))
@@ -574,6 +574,39 @@ def _piece_lengths(splits, rows, last, inner, dt, index_dtype) -> tuple:
     return count, per_element, run_time
 
 
+def _tail_combine(red: Reduction, pieces, rows: int, shift, loads, at, index_dtype) -> tuple:
+    """(combine, total_fn) over `pieces` whole pieces of `rows` slices, then the dim's last
+    n - rows * pieces slices (fewer than `rows`, counted at run time) as pieces of one element:
+    K = v, S = M2 = 0, n = 1, so each adds (v - c)^2 to the deviations and v to the sum. The whole
+    pieces' kernel then reads no mask (its static twin's loop), the combine one per element."""
+    (v_fn, c_fn), dt = red.deviation, red.src_dtype
+    load_s, load_m2 = loads
+    zeros = [sympy.Integer(0)] * (len(red.reduction_ranges) - 1)
+
+    def parts(index, s):
+        si, first = ops.index_expr(s, index_dtype), ops.index_expr(pieces, index_dtype)
+        in_piece, in_tail = ops.lt(si, first), ops.ge(si, first)
+        zero = ops.constant(0, dt)
+        # slice s of the tail is row s + pieces * (rows - 1); each lane reads one of the two rows
+        k = ops.where(in_piece, ops.masked(in_piece, lambda: shift(s, index), zero),
+                      ops.masked(in_tail, lambda: v_fn(index, [s + pieces * (rows - 1)] + zeros), zero))
+        total = ops.masked(in_piece, lambda: load_s(at(s, index)), zero)
+        n = ops.where(in_piece, ops.constant(float(rows), dt), ops.constant(1.0, dt))
+        return in_piece, k, total, n
+
+    def combine(index, rindex):
+        s = rindex[0]
+        in_piece, k, total, n = parts(index, s)
+        m2 = ops.masked(in_piece, lambda: load_m2(at(s, index)), ops.constant(0, dt))
+        d = ops.add(ops.sub(k, c_fn(index)), ops.truediv(total, ops.constant(float(rows), dt)))
+        return ops.add(m2, ops.mul(n, ops.mul(d, d)))
+
+    def total_fn(index, rindex):
+        _, k, total, n = parts(index, rindex[0])
+        return ops.add(ops.mul(n, k), total)
+    return combine, total_fn
+
+
 def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None,
                        index_dtype=int64) -> tuple:
     """sum_r (v - c)^2 in pieces of `rows` slices of the outermost reduced dim. Piece s is shifted
@@ -587,6 +620,11 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     dt = red.src_dtype
     inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
     splits, rows, last = _piece_count(red.reduction_ranges[0], rows)
+    # a symbolic dim reduced alone: whole pieces only, its last n mod rows slices (run-time
+    # ragged) left to the combine, one piece of one element each (`_tail_combine`)
+    whole = not sympy.sympify(red.reduction_ranges[0]).is_Integer and inner == 1
+    if whole:
+        splits, last = FloorDiv(red.reduction_ranges[0], rows), rows
     splits = sympy.sympify(splits)
     ranges1 = [splits] + list(red.ranges) if outer else list(red.ranges) + [splits]
     layout1 = Layout(tuple(ranges1), contiguous_strides(ranges1))
@@ -606,7 +644,8 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     def sum_piece(index, rindex):
         s, x = sx(index)
         k_s = shift(s, x) if run_time else None
-        return _piece_fn(red, lambda s_, x_, r_: shifted(s_, x_, r_, k_s), splits, rows, index_dtype)(s, x, rindex)
+        return _piece_fn(red, lambda s_, x_, r_: shifted(s_, x_, r_, k_s), splits, rows, index_dtype,
+                         whole)(s, x, rindex)
 
     def dev_piece(index, rindex):
         s, x = sx(index)
@@ -616,7 +655,7 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
         def sq(s_, x_, r_):
             d = ops.sub(shifted(s_, x_, r_, k_s), mean)
             return ops.mul(d, d)
-        return _piece_fn(red, sq, splits, rows, index_dtype)(s, x, rindex)
+        return _piece_fn(red, sq, splits, rows, index_dtype, whole)(s, x, rindex)
 
     ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
     first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
@@ -632,6 +671,9 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
         s = rindex[0]
         return ops.add(ops.mul(count(s), shift(s, index)), load_s(at(s, index)))
     rs = [splits]
+    if whole:
+        combine, total_fn = _tail_combine(red, splits, rows, shift, (load_s, load_m2), at, index_dtype)
+        rs = [splits + red.reduction_ranges[0] - rows * splits]
     first = [] if names else first
     total = [Reduction(a.name, a.dtype, list(a.ranges), rs, "sum", total_fn, dt, a.layout, list(a.origins))
              for a in sums]

@@ -50,7 +50,8 @@ def test_var_std_dim0_equal_numpy_at_every_size(rng, device):
     fn = lambda x: (x.var(0), x.std(0), x.var(0, correction=0), x.var(0, correction=2), x.mean(0))  # noqa: E731
     compiled = stax.compile(fn, dynamic=True)
     hint = 40 * piece + 3                    # many pieces, the last one ragged
-    sizes = [hint] + _sizes(piece) if device == "cpu" else [hint, 2, 7, 13, piece - 1, piece, piece + 1, 257]
+    sizes = [hint] + _sizes(piece) if device == "cpu" else \
+        [hint] + list(range(2, 21)) + [23, 31, 97, piece - 1, piece, piece + 1, 2 * piece + 1, 257, 1000]
     for n in sizes:
         cols = 37 if device == "cpu" else 19
         a = _data(rng, (n, cols))
@@ -64,15 +65,15 @@ def test_var_std_dim0_equal_numpy_at_every_size(rng, device):
     kernels, wrapper = _texts(compiled.last_generated)
     launches = wrapper.count("kernels.cpp_fused_") if device == "cpu" else wrapper.count(".run(")
     assert launches == 2, wrapper                          # the pieces, then the combine
-    assert f"(s0 + {piece - 1})" in wrapper                  # a run-time piece count: no guard
-    if device == "cpu":
-        assert "if (!(" in kernels                          # the ragged piece keeps its mask
-        assert f"{piece}*x0 + {piece - 1} < s0" in kernels     # ... tested once per block elsewhere
+    assert f"(s0 // {piece})" in wrapper                     # a run-time count of whole pieces: no guard
+    first, combine = list(compiled.last_generated.kernels.values())[:2]
+    if device == "cpu":              # whole pieces: no bound check; the combine's tail test
+        assert "if (!(" not in first and "< s0" not in first, first     # hoisted per block
+        assert f"s0 - {piece - 1}*((s0) / {piece}) - 1 < (s0) / {piece}" in combine, combine
     else:
-        assert "xmask & tmp" in kernels                     # the ragged piece's loads masked
-        first = next(iter(compiled.last_generated.kernels.values()))
-        assert first.count("tl.load(in_ptr0 + (r0_") == 1, first   # each piece read once: the
-        # deviations' masked body reuses the sum's masked loads (TritonPrinter.masked)
+        assert "& tmp" not in first and "tl.where(tmp" not in first, first   # no row mask
+        assert first.count("tl.load(in_ptr0 + (r0_") == 1, first   # each piece read once
+        assert "xmask & tmp" in combine, combine            # the combine's whole pieces masked
 
 
 # ---- wide columns: the pieces on the grid's y (triton_kernel.grid_y_lines) ----
