@@ -534,7 +534,8 @@ def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64, whole
 def _piece_count(n_outer, rows: int) -> tuple:
     """(splits, rows, last): `rows` slices per piece, the last piece's slices. A known size is cut
     evenly (every piece at least one slice); a symbolic one (§10.3) keeps `rows`, chosen at the
-    hint, and counts its pieces at run time: ceil(n / rows), the last one ragged (masked)."""
+    hint, and counts its pieces at run time: ceil(n / rows), the last one ragged (masked; a dim
+    reduced alone keeps whole pieces instead, `_chunked_deviation`)."""
     if sympy.sympify(n_outer).is_Integer:
         n_outer = int(n_outer)
         splits = -(-n_outer // rows)
@@ -693,7 +694,8 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
     its pieces run where the first sum of the same values (the mean's, anywhere in the program) or
     the deviations ran, and those sums read the pieces. Symbolic sizes (§10.3): the piece is
     chosen at the hints, the piece count is a run-time expression and the last piece is masked
-    (`_piece_count`), so no guard is needed."""
+    (`_piece_count`), so no guard is needed; a dim reduced alone is cut in whole pieces, its
+    last n mod rows slices left to the combine (`_tail_combine`)."""
     bufs, done, made, hints = lowered.buffers, set(), [], lowered.hints
     for red in [b for b in bufs if isinstance(b, Reduction) and b.deviation is not None]:
         out, rnumel = _at_hints(sympy.prod(red.ranges), hints), _at_hints(sympy.prod(red.reduction_ranges), hints)

@@ -197,3 +197,29 @@ def test_triton_var_pieces_build_for_sm90(monkeypatch, tmp_path):
         "    assert cubin[:4] == b'\\x7fELF', name\n"
         "print(json.dumps('built'))\n")
     assert run_outside_interpreter(script, json.dumps(kernels), timeout=300) == "built"
+
+
+def test_var_dynamic_launches_as_static_at_the_hint(rng, monkeypatch, tmp_path):
+    """At its hint the dynamic artifact launches what the static one does: per kernel the same
+    heuristic configuration, the same candidates and the same number of programs (the pieces on
+    the grid's y count as the static kernel's flat x: triton_heuristics._as_flat)."""
+    from stax import triton_heuristics as th
+    monkeypatch.setenv("STAX_CACHE_DIR", str(tmp_path))
+    seen = []
+    plain = th.CachingAutotuner.choose_config
+
+    def record(self, numels, args=()):
+        cfg = plain(self, numels, args)
+        full = {**numels, **self.meta}
+        cands = th.candidates(self.kind, full, self.reduction_hint, self.r0_block)
+        grid = th.grid_for(self.kind, full, cfg)
+        seen.append((cfg, cands, grid[0] * grid[1] * grid[2]))
+        return cfg
+    monkeypatch.setattr(th.CachingAutotuner, "choose_config", record)
+    a = _data(rng, (66 * GPU_PIECE, 1024))      # more pieces than a combine holds in registers:
+    # two kernels static too (fewer: the static combine is one kernel with its pieces, §6.5)
+    for kw in ({}, {"dynamic": True}):
+        got, = _run(stax.compile(lambda x: (x.var(0),), **kw), a, "cuda")
+        assert_close(got, a.astype(np.float64).var(0, ddof=1), "float32", rtol=1e-4)
+    assert len(seen) == 4, seen
+    assert seen[:2] == seen[2:], seen
