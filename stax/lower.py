@@ -515,16 +515,16 @@ def _same_values(red: Reduction, fn_a, fn_b) -> bool:
         return fn_a(xv, rv) == fn_b(xv, rv)
 
 
-def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64):
+def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64, whole=False):
     """inner(s, x, rindex) over piece s: `rows` slices of the outermost reduced dim, the inner
     reduced dims whole (their loads keep their shape: contiguous runs, SIMD on the CPU);
     (s, x, rindex) -> value, or the identity 0 past the last slice (a mask whenever the pieces
-    may not tile the dim: always for a symbolic size, §10.3)."""
+    may not tile the dim: always for a symbolic size, §10.3, unless `whole`: every piece full)."""
     outer_size = red.reduction_ranges[0]
 
     def fn(s, x, r):
         full = [s * rows + r[0]] + list(r[1:])
-        if sympy.sympify(rows * splits - outer_size) == 0:
+        if whole or sympy.sympify(rows * splits - outer_size) == 0:
             return inner(s, x, full)
         in_range = ops.lt(ops.index_expr(full[0], index_dtype), ops.index_expr(outer_size, index_dtype))
         return ops.masked(in_range, lambda: inner(s, x, full), ops.constant(0, red.src_dtype))
@@ -534,7 +534,8 @@ def _piece_fn(red: Reduction, inner, splits, rows: int, index_dtype=int64):
 def _piece_count(n_outer, rows: int) -> tuple:
     """(splits, rows, last): `rows` slices per piece, the last piece's slices. A known size is cut
     evenly (every piece at least one slice); a symbolic one (§10.3) keeps `rows`, chosen at the
-    hint, and counts its pieces at run time: ceil(n / rows), the last one ragged (masked)."""
+    hint, and counts its pieces at run time: ceil(n / rows), the last one ragged (masked; a dim
+    reduced alone keeps whole pieces instead, `_chunked_deviation`)."""
     if sympy.sympify(n_outer).is_Integer:
         n_outer = int(n_outer)
         splits = -(-n_outer // rows)
@@ -543,6 +544,68 @@ def _piece_count(n_outer, rows: int) -> tuple:
         return splits, rows, n_outer - (splits - 1) * rows
     splits = FloorDiv(n_outer + rows - 1, rows)
     return splits, rows, n_outer - (splits - 1) * rows
+
+
+def _piece_lengths(splits, rows, last, inner, dt, index_dtype) -> tuple:
+    """(count(s), per_element(total, s), run_time) of pieces of `rows` slices of `inner` elements,
+    the last of `last` slices: piece s's element count as a float, total / that count, and whether
+    the last piece's length is known only at run time (§10.3). Then per_element is a select
+    between the two lengths' reciprocals and a product, not a division by a run-time value per
+    element (the static form divides by a constant: a product too)."""
+    def number(e):                   # an element count as a float (symbolic: computed at run time)
+        e = sympy.sympify(e)
+        return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
+
+    def is_last(s):
+        return ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype))
+
+    def count(s):
+        if sympy.sympify(last - rows) == 0:
+            return number(rows * inner)
+        return ops.where(is_last(s), number(rows * inner), number(last * inner))
+
+    run_time = not sympy.sympify(last - rows).is_Integer
+
+    def per_element(total, s):
+        if not run_time:
+            return ops.truediv(total, count(s))
+        full = sympy.sympify(rows * inner)
+        whole = ops.constant(1.0 / float(full), dt) if full.is_Integer else ops.reciprocal(number(full))
+        return ops.mul(total, ops.where(is_last(s), whole, ops.reciprocal(number(last * inner))))
+    return count, per_element, run_time
+
+
+def _tail_combine(red: Reduction, pieces, rows: int, shift, loads, at, index_dtype) -> tuple:
+    """(combine, total_fn) over `pieces` whole pieces of `rows` slices, then the dim's last
+    n - rows * pieces slices (fewer than `rows`, counted at run time) as pieces of one element:
+    K = v, S = M2 = 0, n = 1, so each adds (v - c)^2 to the deviations and v to the sum. The whole
+    pieces' kernel then reads no mask (its static twin's loop), the combine one per element."""
+    (v_fn, c_fn), dt = red.deviation, red.src_dtype
+    load_s, load_m2 = loads
+    zeros = [sympy.Integer(0)] * (len(red.reduction_ranges) - 1)
+
+    def parts(index, s):
+        si, first = ops.index_expr(s, index_dtype), ops.index_expr(pieces, index_dtype)
+        in_piece, in_tail = ops.lt(si, first), ops.ge(si, first)
+        zero = ops.constant(0, dt)
+        # slice s of the tail is row s + pieces * (rows - 1); each lane reads one of the two rows
+        k = ops.where(in_piece, ops.masked(in_piece, lambda: shift(s, index), zero),
+                      ops.masked(in_tail, lambda: v_fn(index, [s + pieces * (rows - 1)] + zeros), zero))
+        total = ops.masked(in_piece, lambda: load_s(at(s, index)), zero)
+        n = ops.where(in_piece, ops.constant(float(rows), dt), ops.constant(1.0, dt))
+        return in_piece, k, total, n
+
+    def combine(index, rindex):
+        s = rindex[0]
+        in_piece, k, total, n = parts(index, s)
+        m2 = ops.masked(in_piece, lambda: load_m2(at(s, index)), ops.constant(0, dt))
+        d = ops.add(ops.sub(k, c_fn(index)), ops.truediv(total, ops.constant(float(rows), dt)))
+        return ops.add(m2, ops.mul(n, ops.mul(d, d)))
+
+    def total_fn(index, rindex):
+        _, k, total, n = parts(index, rindex[0])
+        return ops.add(ops.mul(n, k), total)
+    return combine, total_fn
 
 
 def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: bool, names=None,
@@ -558,51 +621,60 @@ def _chunked_deviation(red: Reduction, sums: list, rows: int, new_name, outer: b
     dt = red.src_dtype
     inner = sympy.sympify(sympy.prod(red.reduction_ranges[1:]))
     splits, rows, last = _piece_count(red.reduction_ranges[0], rows)
+    # a symbolic dim reduced alone: whole pieces only, its last n mod rows slices (run-time
+    # ragged) left to the combine, one piece of one element each (`_tail_combine`)
+    whole = not sympy.sympify(red.reduction_ranges[0]).is_Integer and inner == 1
+    if whole:
+        splits, last = FloorDiv(red.reduction_ranges[0], rows), rows
     splits = sympy.sympify(splits)
     ranges1 = [splits] + list(red.ranges) if outer else list(red.ranges) + [splits]
     layout1 = Layout(tuple(ranges1), contiguous_strides(ranges1))
     at = (lambda s, x: [s] + list(x)) if outer else (lambda s, x: list(x) + [s])
     sx = (lambda i: (i[0], i[1:])) if outer else (lambda i: (i[-1], i[:-1]))
 
-    def number(e):                   # an element count as a float (symbolic: computed at run time)
-        e = sympy.sympify(e)
-        return ops.constant(float(e), dt) if e.is_Integer else ops.index_expr(e, dt)
-
-    def count(s):
-        if sympy.sympify(last - rows) == 0:
-            return number(rows * inner)
-        return ops.where(ops.lt(ops.index_expr(s, index_dtype), ops.index_expr(splits - 1, index_dtype)),
-                         number(rows * inner), number(last * inner))
+    count, per_element, run_time = _piece_lengths(splits, rows, last, inner, dt, index_dtype)
 
     def shift(s, x):
         return v_fn(x, [s * rows] + [sympy.Integer(0)] * (len(red.reduction_ranges) - 1))
+
+    def shifted(s, x, r, k_s=None):
+        return ops.sub(v_fn(x, r), shift(s, x) if k_s is None else k_s)
     s_name, m2_name = names or (new_name(), new_name())
     load_s, load_m2 = _load_from(s_name, dt, layout1), _load_from(m2_name, dt, layout1)
-    sum_piece = _piece_fn(red, lambda s, x, r: ops.sub(v_fn(x, r), shift(s, x)), splits, rows, index_dtype)
+
+    def sum_piece(index, rindex):
+        s, x = sx(index)
+        k_s = shift(s, x) if run_time else None
+        return _piece_fn(red, lambda s_, x_, r_: shifted(s_, x_, r_, k_s), splits, rows, index_dtype,
+                         whole)(s, x, rindex)
 
     def dev_piece(index, rindex):
         s, x = sx(index)
-        mean = ops.truediv(load_s(index), count(s))
+        k_s = shift(s, x) if run_time else None
+        mean = per_element(load_s(index), s)
 
         def sq(s_, x_, r_):
-            d = ops.sub(ops.sub(v_fn(x_, r_), shift(s_, x_)), mean)
+            d = ops.sub(shifted(s_, x_, r_, k_s), mean)
             return ops.mul(d, d)
-        return _piece_fn(red, sq, splits, rows, index_dtype)(s, x, rindex)
+        return _piece_fn(red, sq, splits, rows, index_dtype, whole)(s, x, rindex)
 
     ranges_r = [sympy.Integer(rows)] + list(red.reduction_ranges[1:])
     first = [Reduction(name, dt, ranges1, ranges_r, "sum", fn, dt, layout1, list(red.origins))
-             for name, fn in ((s_name, lambda i, r: sum_piece(*sx(i), r)), (m2_name, dev_piece))]
+             for name, fn in ((s_name, sum_piece), (m2_name, dev_piece))]
 
     def combine(index, rindex):
         s = rindex[0]
         n = count(s)
-        d = ops.add(ops.sub(shift(s, index), c_fn(index)), ops.truediv(load_s(at(s, index)), n))
+        d = ops.add(ops.sub(shift(s, index), c_fn(index)), per_element(load_s(at(s, index)), s))
         return ops.add(load_m2(at(s, index)), ops.mul(n, ops.mul(d, d)))
 
     def total_fn(index, rindex):
         s = rindex[0]
         return ops.add(ops.mul(count(s), shift(s, index)), load_s(at(s, index)))
     rs = [splits]
+    if whole:
+        combine, total_fn = _tail_combine(red, splits, rows, shift, (load_s, load_m2), at, index_dtype)
+        rs = [splits + red.reduction_ranges[0] - rows * splits]
     first = [] if names else first
     total = [Reduction(a.name, a.dtype, list(a.ranges), rs, "sum", total_fn, dt, a.layout, list(a.origins))
              for a in sums]
@@ -622,7 +694,8 @@ def chunk_deviations(lowered: LoweredGraph, deviation_piece, new_name):
     its pieces run where the first sum of the same values (the mean's, anywhere in the program) or
     the deviations ran, and those sums read the pieces. Symbolic sizes (§10.3): the piece is
     chosen at the hints, the piece count is a run-time expression and the last piece is masked
-    (`_piece_count`), so no guard is needed."""
+    (`_piece_count`), so no guard is needed; a dim reduced alone is cut in whole pieces, its
+    last n mod rows slices left to the combine (`_tail_combine`)."""
     bufs, done, made, hints = lowered.buffers, set(), [], lowered.hints
     for red in [b for b in bufs if isinstance(b, Reduction) and b.deviation is not None]:
         out, rnumel = _at_hints(sympy.prod(red.ranges), hints), _at_hints(sympy.prod(red.reduction_ranges), hints)

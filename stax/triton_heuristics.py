@@ -64,8 +64,20 @@ from stax.triton_helpers import libdevice
 # (template_tuning.py is imported only for a template)
 
 
+def _as_flat(numels: dict) -> dict:
+    """A kernel with a y axis of one program per index (`grid_y`: triton_kernel.grid_y_lines)
+    chooses its configuration as the kernel over the flat x = y * x would (its static twin, whose
+    x index holds both): at the same sizes the same blocks, warps and candidates."""
+    if not numels.get("grid_y"):
+        return numels
+    flat = {k: v for k, v in numels.items() if k not in ("grid_y", "ynumel")}
+    flat["xnumel"] = int(numels["xnumel"]) * int(numels["ynumel"])
+    return flat
+
+
 def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> Config:
     """The heuristic configuration: what a kernel runs with before (or without) measurement."""
+    numels = _as_flat(numels)
     if kind == "template":
         from .template_tuning import template_configs
         return template_configs(numels)[0]
@@ -76,7 +88,11 @@ def default_config(kind: str, numels: dict, reduction_hint=None, r0_block=None) 
 
 
 def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
-    """Definition 9.1: the grid of a launch with configuration `cfg`."""
+    """Definition 9.1: the grid of a launch with configuration `cfg`. A `grid_y` kernel runs one
+    program per y index, along y up to CUDA's 65535 and the rest folded onto z."""
+    if numels.get("grid_y"):         # (its value: the y extent past which the rest goes on z)
+        fold, y = int(numels["grid_y"]), int(numels["ynumel"])
+        return (-(-int(numels["xnumel"]) // cfg["XBLOCK"]), min(y, fold), -(-y // fold))
     if kind == "template":
         from .template_tuning import template_grid
         return template_grid(numels, cfg)
@@ -88,6 +104,7 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
 
 def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> list:
     """§9.6's candidate set C, the heuristic default first."""
+    numels = _as_flat(numels)
     if kind == "template":
         from .template_tuning import candidate_limit, template_configs, template_grid
         return autotune.launchable(template_configs(numels), lambda c: template_grid(numels, c),
@@ -100,6 +117,7 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
 
 def tuning_space(kind: str, start: Config, numels: dict, reduction_hint=None) -> dict:
     """Definition 9.2's Π for mode="max-autotune"."""
+    numels = _as_flat(numels)
     if kind == "template":
         from .template_tuning import template_tuning_space
         return template_tuning_space(start, numels)
@@ -534,7 +552,7 @@ class CachingAutotuner:
             return 0.0 if launch_bound(numels) else math.inf
         if self.kind in ("attention", "attention_decode"):
             return math.inf                    # compute-bound: always worth measuring
-        return memory_floor_ms(numels, self.signature)
+        return memory_floor_ms(_as_flat(numels), self.signature)
 
     def _search(self, search: str, start: Config, numels: dict, args) -> tuple:
         """mode="max-autotune": Algorithm 9.2 from the best candidate, or random search (Prop. 9.3)."""

@@ -217,7 +217,7 @@ class TritonPrinter(Printer):
         return f"{name} = {expr}"
 
     def _shape1(self) -> str:
-        return "[" + ", ".join(["1"] * len(self.k.axes)) + "]"
+        return "[" + ", ".join(["1"] * len(self.k.block_axes or self.k.axes)) + "]"
 
     def _one_shape(self) -> str:
         """The block a one-element load fills: in a reduction kernel [XBLOCK, 1], over the rows
@@ -389,6 +389,7 @@ class TritonKernel:
         self.block_axes = None                        # the block's dims when not `axes` (OUTER: r0_, x)
         self.row_node = False                         # printing a per-row node of a reduction kernel
         self.workspace = {}                           # name -> dtype of scratch a form adds (counters)
+        self.grid_y = False                           # y: one program per index, no YBLOCK (grid_y_lines)
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -460,10 +461,11 @@ class TritonKernel:
         return value
 
 
-def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=None):
+def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=None, y_split=None):
     """Merge loop dims (Prop. 6.3), then map the printed loops onto program axes. `x_order(sizes,
     exprs, weights)`, if given, permutes the merged output dims (the OUTER form puts the one its
-    loads are contiguous along innermost)."""
+    loads are contiguous along innermost); `y_split(sizes)`, if given and true for the merged
+    (ordered) output sizes, puts the outermost of them on a y axis of its own (`grid_y_lines`)."""
     xvars, rvars = index_vars("x", len(xsizes)), index_vars("r", len(rsizes))
     k.ranges = {**dict(zip(xvars, xsizes)), **dict(zip(rvars, rsizes))}
     accesses = all_accesses(k.group.nodes, xvars, rvars)
@@ -476,6 +478,9 @@ def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=Non
     if x_order is not None:
         perm = x_order(xm, exprs, weights)
         xm, xs = [xm[i] for i in perm], [xs[i] for i in perm]
+    if y_split is not None and len(xm) >= 2 and not cuts and y_split(xs):
+        cuts = (1,)
+        k.grid_y = True
     # name printed variables by position: z dims, y dims, x dims, then r dims (Listings 9.1, 9.2)
     bounds = (0,) + cuts + (len(xm),)
     prefixes = ["z", "y", "x"][3 - len(bounds) + 1:]
@@ -529,6 +534,20 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
         else:
             lines.append(f"{p}mask = {p}index < {p}numel")
     return lines
+
+
+def grid_y_lines(k, axis) -> list:
+    """A y axis of one program per index (`k.grid_y`: the OUTER form's outer output dim under
+    symbolic sizes, §10.3, e.g. var's piece): no run-time `// s` per element recovers it from a
+    flat index. Past CUDA's 65535 along y the grid folds the rest onto z (the decorator's
+    `meta={'grid_y': 65535}`, read by triton_heuristics.grid_for); ymask drops the programs past
+    the end."""
+    pid = (lambda d: f"tl.program_id({d})" + (".to(tl.int64)" if k.index64 else ""))
+    shape = "[" + ", ".join("1" for _ in (k.block_axes or k.axes)) + "]"
+    # (a block of one, not a scalar: Triton 3.9's interpreter ands a scalar mask with a block
+    # mask into int32, which its loads refuse; compiled, the two are the same code)
+    return [f"yindex = tl.full({shape}, {pid(2)} * {GRID_LIMIT_YZ} + {pid(1)}, "
+            f"{'tl.int64' if k.index64 else 'tl.int32'})", "ymask = yindex < ynumel"]
 
 
 def var_lines(axis) -> list:
@@ -634,7 +653,9 @@ def finish(k: TritonKernel, form: str, lines: list, hint, meta=None) -> tuple:
     numels = [f"{a.prefix}numel" for a in k.axes]
     syms = sorted(set(_SIZE_SYMBOL.findall(text)), key=str)     # §10.3: sizes in indices
     floats = scalars_in(k.lowered, text)                        # §10.4: run-time float arguments
-    blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")]
+    blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")
+              and not (k.grid_y and a.prefix == "y")]
+    meta = {**(meta or {}), "grid_y": GRID_LIMIT_YZ} if k.grid_y else meta      # (grid_y_lines)
     sig = [rename[n] for n in params] + syms + floats + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {_size_hint(k, form, a)}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}

@@ -38,12 +38,12 @@ import re
 
 import sympy
 
-from .autotune import next_pow2
+from .autotune import MAX_OUTER_BLOCK, next_pow2
 from .dtypes import int32, int64
 from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
 from .schedule import node_index, phases
-from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, setup_axes,
-                            texpr, tl_dtype, var_lines)
+from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, grid_y_lines,
+                            setup_axes, texpr, tl_dtype, var_lines)
 from .triton_reduction import (_RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop,
                                reduction_kernel)
 
@@ -140,11 +140,28 @@ def _outer_looped(k, nodes, xvars, rvars) -> list:
     return pre + r_loop(k, nodes, p.lines) + post
 
 
+def _y_split(k):
+    """§10.3: under symbolic sizes, is the outermost output dim better on a y axis of its own?
+    Yes when its size and the inner dims' are both symbolic (var's pieces x columns: a flat index
+    would recover piece and column with a run-time `// s` and `% s` per element, the piece's row
+    bounds and length per element too), and the inner dims at the hint hold a column block of
+    any configuration (MAX_OUTER_BLOCK): the blocks then waste few lanes at a row's end."""
+    hints = k.lowered.hints or {}
+
+    def split(sizes) -> bool:
+        outer, inner = sympy.sympify(sizes[0]), sympy.sympify(sympy.prod(sizes[1:]))
+        if outer.is_Integer or inner.is_Integer:
+            return False
+        at_hint = inner.subs(hints)
+        return at_hint.is_Integer and int(at_hint) >= MAX_OUTER_BLOCK
+    return split
+
+
 def outer_reduction_kernel(k: TritonKernel) -> tuple:
     """An OUTER reduction group's kernel body: (form 'per' | 'red', lines, 'OUTER')."""
     g = k.group
-    xvars, rvars = setup_axes(k, g.ranges, g.reduction_ranges, x_order=_x_order)
-    xaxis, raxis = k.axes[0], k.axes[1]
+    xvars, rvars = setup_axes(k, g.ranges, g.reduction_ranges, x_order=_x_order, y_split=_y_split(k))
+    xaxis, raxis = k.axes[-2], k.axes[-1]
     k.block_axes = [raxis, xaxis]              # XBLOCK last: the fast dim of the block
     rnumel = raxis.numel
     per = rnumel.is_Integer and int(rnumel) <= OUTER_PERSISTENT_LIMIT
@@ -154,6 +171,8 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
     if per:
         head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
     head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
+    if k.grid_y:
+        head += grid_y_lines(k, k.axes[0]) + var_lines(k.axes[0])
     head += axis_lines(k, xaxis, 0)
     if per:
         head += axis_lines(k, raxis, None, per_block=r0_block) + var_lines(raxis) + var_lines(xaxis)
@@ -253,8 +272,8 @@ def one_kernel_split(index: int, ga, gb, sched, force_form=None):
     ka, kb = TritonKernel(index, ga, sched), TritonKernel(index, gb, sched)
     ka.force_form = force_form
     printed = _print_pair(ka, kb, outer)
-    if printed is None:
-        return None
+    if printed is None or ka.grid_y or kb.grid_y:
+        return None                  # (its splits take the grid's y)
     (xa, xb), rb = (ka.axes[0], kb.axes[0]), kb.axes[1]
     cols = xb.numel
     sizes = [splits, cols] if outer else [cols, splits]
