@@ -335,6 +335,7 @@ class _ModKernel:
     def __init__(self, prefix: str, local: dict):
         self.prefix, self.locals, self.count = prefix, local, 0
         self.axes, self.constants, self.index64 = [None, None], {}, False
+        self.block_axes = None      # (no grid-y axis of its own: the printer's shapes are the axes')
 
     def new_tmp(self) -> str:
         self.count += 1
