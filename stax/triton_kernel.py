@@ -243,7 +243,8 @@ class TritonPrinter(Printer):
             uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
             if not (uses_r and uses_x) or self.k.row_read_again:
                 extras = ", eviction_policy='evict_last'"
-            elif _rows_start_on_lines(expr, dtype, self.k.rvars_printed):
+            elif _rows_start_on_lines(expr.subs(self.k.lowered.hints or {}), dtype, self.k.rvars_printed):
+                # (symbolic strides, §10.3: decided at the hint, as the launch configuration is)
                 extras = ", eviction_policy='evict_first'"
             # else no hint: a row that starts inside a cache line shares that line with the row
             # before it, which another program reads; evicted first, the line is read twice

@@ -15,8 +15,8 @@ def triton_per_fused_0(in_ptr0, in_ptr1, out_ptr0, s1, xnumel, r0_numel, XBLOCK 
     rindex = r0_index
     r0_1 = r0_index
     x0 = xindex
-    tmp0 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
-    tmp1 = tl.load(in_ptr1 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+    tmp0 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
+    tmp1 = tl.load(in_ptr1 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
     tmp2 = (tmp0 + tmp1)
     tmp3 = tl.full([1, 1], 0, tl.int32)
     tmp4 = tl.maximum(tmp3, tmp2, tl.PropagateNan.ALL)
@@ -46,8 +46,8 @@ def triton_red_fused_0(in_ptr0, in_ptr1, out_ptr0, s1, xnumel, r0_numel, XBLOCK 
         roffset = r0_offset
         rindex = r0_index
         r0_1 = r0_index
-        tmp1 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
-        tmp2 = tl.load(in_ptr1 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+        tmp1 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
+        tmp2 = tl.load(in_ptr1 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
         tmp3 = (tmp1 + tmp2)
         tmp4 = tl.full([1, 1], 0, tl.int32)
         tmp5 = tl.maximum(tmp4, tmp3, tl.PropagateNan.ALL)
