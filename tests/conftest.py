@@ -57,6 +57,38 @@ _ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": 
             "long": "int64", "int": "int32", "bool_": "bool"}
 
 
+def call_from_threads(f, xs, w, refs, picks_per_thread) -> tuple:
+    """Call f(xs[i], w) from one thread per list of picks, switching every microsecond, reading
+    each result at once: (the picks whose result differed from refs[i], results read, results
+    overwritten by the other thread's replay before they were read: OverwrittenOutputError)."""
+    import threading
+    from stax import cudagraph
+    bad, read, overwritten = [], [0], [0]
+
+    def run(picks):
+        for i in picks:
+            out = f(xs[i], w)
+            try:
+                got = out.cpu()
+            except cudagraph.OverwrittenOutputError:
+                overwritten[0] += 1
+                continue
+            read[0] += 1
+            if not np.allclose(np.asarray(got, np.float64), refs[i], rtol=1e-5, atol=1e-5):
+                bad.append(i)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(picks,)) for picks in picks_per_thread]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    return bad, read[0], overwritten[0]
+
+
 def _dtype_name(dtype) -> str:
     """'float32' for np.float32, np.dtype('float32'), 'float32', stax.float32, torch.float32..."""
     if dtype is None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import stax
-from conftest import assert_close
+from conftest import assert_close, call_from_threads
 from stax import cuda, cudagraph, triton_heuristics
 
 HAVE_GPU = cuda.is_available() and not cuda.interpreting()
@@ -424,37 +424,13 @@ def test_threads_replaying_at_once_never_see_each_others_values(fake, rng):
     generated replay), one alternating new batches (copied in): each result equals float64
     for its own input, or reading it raises because the other thread's replay overwrote it;
     never the other thread's values. Every call is counted once."""
-    import sys
-    import threading
     f = stax.compile(chain, mode="reduce-overhead")
     w = cuda_randn(rng, 33)
     f(cuda_randn(rng, 7, 33), w)
     f(cuda_randn(rng, 7, 33), w)             # recorded with the first input staged
     xs = [cuda_randn(rng, 7, 33) for _ in range(3)]
     refs = [chain_ref(x.cpu(), w.cpu()) for x in xs]
-    bad, overwritten = [], [0]
-
-    def run(picks):
-        for i in picks:
-            out = f(xs[i], w)
-            try:
-                got = out.cpu()
-            except cudagraph.OverwrittenOutputError:
-                overwritten[0] += 1
-                continue
-            if not np.allclose(np.asarray(got, np.float64), refs[i], rtol=1e-5, atol=1e-5):
-                bad.append(i)
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=run, args=([0] * 40,)),
-                   threading.Thread(target=run, args=([1, 2] * 20,))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    bad, _, _ = call_from_threads(f, xs, w, refs, [[0] * 40, [1, 2] * 20])
     assert not bad
     g = graphed(f)
     assert g.stats["replays"] + g.stats["direct"] == 82 and g.stats["records"] == 1

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import stax
-from conftest import assert_close
+from conftest import assert_close, call_from_threads
 from stax import cudagraph, cudagraph_c
 from test_cudagraph import (FakeDriver, FakeGraph, chain, chain_ref, cuda_randn, fake, graphed,  # noqa: F401
                             many, many_ref)
@@ -256,37 +256,15 @@ def test_a_lock_of_another_kind_is_called(fake, rng, monkeypatch):
 
 
 def test_threads_replaying_at_once(fake, rng):
-    import sys
     f = stax.compile(chain, mode="reduce-overhead")
     w = cuda_randn(rng, 33)
     xs = [cuda_randn(rng, 7, 33) for _ in range(3)]
     for _ in range(3):
         f(xs[0], w)
     refs = [chain_ref(x.cpu(), w.cpu()) for x in xs]
-    bad, n = [], [0]
-
-    def run(picks):
-        for i in picks:
-            out = f(xs[i], w)
-            try:
-                got = out.cpu()
-            except cudagraph.OverwrittenOutputError:
-                continue
-            n[0] += 1
-            if not np.allclose(np.asarray(got, np.float64), refs[i], rtol=1e-5, atol=1e-5):
-                bad.append(i)
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=run, args=([0] * 40,)), threading.Thread(target=run, args=([0, 1, 2] * 13,))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    bad, n, _ = call_from_threads(f, xs, w, refs, [[0] * 40, [0, 1, 2] * 13])
     g = graphed(f)
-    assert not bad and n[0] > 0 and g.stats["replays"] + g.stats["direct"] == 82 and g.broken is None
+    assert not bad and n > 0 and g.stats["replays"] + g.stats["direct"] == 82 and g.broken is None
 
 
 # ---- raw launches and copies (the C stubs in the driver's place) ----
