@@ -408,7 +408,8 @@ def _body(spec: AttentionSpec) -> list:
              f"acc = tl.zeros([BLOCK_M, {_next_pow2(max(d, 16))}], dtype=tl.float32)"]
     lines += _mod_prologue(spec, "pid_m * BLOCK_M", "BLOCK_M")
     lines += _sparse_loops(spec) if spec.sparse else _dense_loop(spec)
-    drop = mod_plan(spec) is not None and mod_plan(spec).dropped
+    plan = mod_plan(spec)
+    drop = plan is not None and plan.dropped
     lines += ["# o = a / l (a row that saw no key gives NaN, as softmax), LSE = (m + log2 l) * ln 2"
               + (" + the dropped row terms" if drop else ""),
               "o = acc / l_i[:, None]" + ("  + (row_drop - row_drop)[:, None]   # (NaN where a dropped term is not finite)"
@@ -615,7 +616,8 @@ def _decode_split_body(spec: AttentionSpec, splits: int, chunk: int) -> list:
     lines += ["# this program's split of the keys: its own triple, merged by the second kernel",
              f"for start_n in range(split * {chunk}, tl.minimum(N, (split + 1) * {chunk}), BLOCK_N):"]
     lines += ["    " + x for x in _kv_step(spec, True)]
-    drop = mod_plan(spec) is not None and mod_plan(spec).dropped
+    plan = mod_plan(spec)
+    drop = plan is not None and plan.dropped
     lines += [f"base = (bh * {splits} + split) * {rows}",
               # (the dropped row terms shift the running max back: the merge and its LSE see the full scores)
               f"tl.store(out_ptr0 + (base + rm), m_i{f' + row_drop * {LOG2E!r}' if drop else ''})", "tl.store(out_ptr1 + (base + rm), l_i)",

@@ -338,26 +338,27 @@ def _hot_factory(n: int):
     return make
 
 
-def _native_replayer(mod, python, rec, token, tensors, owner, ref):
+def _native_replayer(mod, python, rec, token, tensors, copies, owner, ref):
     """The C replay (cudagraph_c) doing what `python` does: the launch and the copies as raw
     driver calls when the graph is a cuda.CUDAGraph and the driver CudaDriver (or a test's C
-    stubs: `raw_launch`, `raw_copy`), else through their Python callables. It holds the lock,
-    generation and counts of `owner` (the GraphedCall), and `owner` only through `ref`."""
+    stubs: `raw_launch`, `raw_copy`), else through their Python callables. `copies`: the token's
+    non-empty ones, or None when it has none. It holds the lock, generation and counts of `owner`
+    (the GraphedCall), and `owner` only through `ref`."""
     driver = _DRIVER
     launch = cudagraph_c.raw_launch(rec.graph) or rec.launch
     raw = cudagraph_c.raw_copy() if driver.__class__ is CudaDriver else getattr(driver, "raw_copy", lambda: None)()
     copy = raw or driver.copy
     real = (launch.__class__ is tuple and rec.graph.__class__ is cuda.CUDAGraph) or \
         (raw is not None and driver.__class__ is CudaDriver)
-    nonempty = tuple([c for c in token[1] if c[2]]) if token[1] else ()
 
     def fail(err, i):
         if err.__class__ is int:        # the CUresult of a raw call: the error its Python call raises
-            err = cudagraph_c.driver_error(err, nonempty[i] if i >= 0 else None)
+            err = cudagraph_c.driver_error(err, copies[i] if i >= 0 else None)
         ref()._break("replaying", err)
     return cudagraph_c.make_replay(
         mod, python=python, tensors=tensors, rec=rec, token=token, lock=owner._lock, cell=owner.cell,
-        launch=launch, copies=token[1], copy=copy, counts=owner.counts, single=rec.single,
+        launch=launch, copies=copies, counted=len(token[1]) if token[1] else 0, copy=copy,
+        counts=owner.counts, single=rec.single,
         outputs=rec.outputs, types=(GraphOutputArray, Storage, Tensor), fail=fail,
         init=cuda.init if real else None)
 
@@ -571,7 +572,7 @@ class GraphedCall:
         python = _hot_factory(n)(*tensors, *[t.__dict__ for t in tensors], rec, token, lock.acquire, lock.release,
                                  self.cell, copies, _DRIVER.copy, self.counts, graphed)
         mod = cudagraph_c.module() if native else None
-        return python if mod is None else _native_replayer(mod, python, rec, token, tensors, self, graphed)
+        return python if mod is None else _native_replayer(mod, python, rec, token, tensors, copies, self, graphed)
 
     def call_with_token(self, args):
         """`self(args)` and, taken under the same lock, the token `replay_again` accepts for a

@@ -206,7 +206,7 @@ def driver_error(rc: int, copy=None) -> Exception:
     return cuda.CudaError(rc, f"CUDA_ERROR_{rc}", call, detail)
 
 
-def make_replay(mod, *, python, tensors, rec, token, lock, cell, launch, copies, copy, counts,
+def make_replay(mod, *, python, tensors, rec, token, lock, cell, launch, copies, counted, copy, counts,
                 single, outputs, types, fail, init):
     """The C replay (see the module docstring) of `tensors` under `token`, in `mod`.
 
@@ -214,12 +214,12 @@ def make_replay(mod, *, python, tensors, rec, token, lock, cell, launch, copies,
     rec: the Recording (its `again` read from its __dict__); lock: the GraphedCall's (its
     PyThread lock taken directly when it is a `_thread.lock` of the known layout);
     cell: its _Generation; launch: `raw_launch`'s tuple or the graph's `replay`;
-    copies: the token's copies or None (the empty ones skipped, all counted in counts["copies"]);
+    copies: the token's non-empty copies, or None when it has none; counted: how many copies the
+    token has, the empty ones too (each replay adds them to counts["copies"], as the Python one);
     copy: `raw_copy`'s tuple or the driver's `copy(dst, src, nbytes)`;
     single: (buffer, meta) of the one output over one graph-owned buffer, or None: `outputs(cell)`;
     types: (GraphOutputArray, Storage, Tensor); fail(err, i): a failed copy (i) or launch (-1);
     init: called once per thread before the first raw driver call (cuda.init), or None."""
     tensors = tuple(tensors)
-    made = [c for c in copies if c[2]] if copies else None
-    return mod.make(python, tensors, tuple([t.__dict__ for t in tensors]), rec.__dict__, token, lock, cell, launch, None if not copies else tuple(made), copy, counts,
-                    len(copies) if copies else 0, single, outputs, types, fail, init)
+    return mod.make(python, tensors, tuple([t.__dict__ for t in tensors]), rec.__dict__, token, lock, cell,
+                    launch, copies, copy, counts, counted, single, outputs, types, fail, init)

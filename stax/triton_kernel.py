@@ -537,7 +537,7 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
     return lines
 
 
-def grid_y_lines(k, axis) -> list:
+def grid_y_lines(k) -> list:
     """A y axis of one program per index (`k.grid_y`: the OUTER form's outer output dim under
     symbolic sizes, §10.3, e.g. var's piece): no run-time `// s` per element recovers it from a
     flat index. Past CUDA's 65535 along y the grid folds the rest onto z (the decorator's

@@ -172,7 +172,7 @@ def outer_reduction_kernel(k: TritonKernel) -> tuple:
         head.append(f"R0_BLOCK: tl.constexpr = {r0_block}")
     head += ["rnumel = r0_numel", "RBLOCK: tl.constexpr = R0_BLOCK"]
     if k.grid_y:
-        head += grid_y_lines(k, k.axes[0]) + var_lines(k.axes[0])
+        head += grid_y_lines(k) + var_lines(k.axes[0])
     head += axis_lines(k, xaxis, 0)
     if per:
         head += axis_lines(k, raxis, None, per_block=r0_block) + var_lines(raxis) + var_lines(xaxis)
