@@ -445,6 +445,24 @@ def test_failing_or_spilling_candidates_are_never_chosen(monkeypatch, tmp_path):
         k._autotune(numels, ())
 
 
+def test_a_small_local_frame_is_measured_a_spill_is_not(monkeypatch):
+    """libdevice's sin/cos keep 32 bytes of stack in every configuration: such a candidate is
+    timed; one whose local memory is a register spill (past LOCAL_FRAME_BYTES) costs inf."""
+    from types import SimpleNamespace
+    from stax import cuda, triton_heuristics as th
+    src = "def triton_poi_fused_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n"
+    k = th.CachingAutotuner("triton_poi_fused_0", "pointwise", {"x": 1 << 20},
+                            {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32"}, source=src)
+    local = [0]
+    monkeypatch.setattr(k, "_launcher", lambda cfg, aligned, args: SimpleNamespace(
+        kernel=SimpleNamespace(local_size_bytes=local[0])))
+    monkeypatch.setattr(cuda, "median_ms", lambda run, cold=False: 0.25)
+    cfg, numels = {"XBLOCK": 1024, "num_warps": 4, "num_stages": 1}, {"xnumel": 1 << 20}
+    for size, want in ((0, 0.25), (32, 0.25), (th.LOCAL_FRAME_BYTES, 0.25), (th.LOCAL_FRAME_BYTES + 8, math.inf)):
+        local[0] = size
+        assert k._measure(cfg, numels, [16, 32, 1 << 20]) == want, size
+
+
 def test_max_autotune_runs_coordinate_descent_from_the_best_candidate(monkeypatch, tmp_path):
     numels = {"xnumel": 1 << 24}
     # a bowl in log2 space with its minimum outside the candidate set
