@@ -1052,7 +1052,10 @@ def reads_across_rows(red: Reduction) -> bool:
     c = IndexCollector()
     with set_handler(c):
         red.inner_fn(xv, rv)
-    exprs = [sympy.sympify(e) for e, name in zip(c.exprs, c.names) if name is not None]
+    # a reshape's digits recombined first (`simplify_index`): with symbolic sizes (§10.3) a
+    # flattened view's index is still divided into digits here
+    ranges = dict(zip(xv + rv, list(red.ranges) + list(red.reduction_ranges)))
+    exprs = [simplify_index(e, ranges) for e, name in zip(c.exprs, c.names) if name is not None]
     if not rv or not exprs or any(e.coeff(rv[-1]) == 1 for e in exprs):
         return False
     return any(e.coeff(v) == 1 for e in exprs for v in xv)

@@ -40,7 +40,7 @@ import sympy
 
 from .autotune import MAX_OUTER_BLOCK, next_pow2
 from .dtypes import int32, int64
-from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler
+from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler, simplify_index
 from .schedule import node_index, phases
 from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, grid_y_lines,
                             setup_axes, texpr, tl_dtype, var_lines)
@@ -53,14 +53,16 @@ BLOCK = "[R0_BLOCK, XBLOCK]"
 
 
 def _loads(k, xv, rv) -> list:
-    """(index, bytes per element) of every load of the group's bodies from memory."""
+    """(index, bytes per element) of every load of the group's bodies from memory, a reshape's
+    digits recombined (`simplify_index`: with symbolic sizes they are still divided here)."""
     out = []
+    ranges = dict(zip(list(xv) + list(rv), list(k.group.ranges) + list(k.group.reduction_ranges)))
     for n in k.group.nodes:
         c = IndexCollector()
         idx, ridx = node_index(n, xv, rv)
         with set_handler(c):
             n.inner_fn(idx, ridx) if isinstance(n, Reduction) else n.inner_fn(idx)
-        out += [(sympy.sympify(e), k.dtype_of(name).itemsize) for e, name in zip(c.exprs, c.names)
+        out += [(simplify_index(e, ranges), k.dtype_of(name).itemsize) for e, name in zip(c.exprs, c.names)
                 if name is not None and name not in k.sched.kernel_local]
     return out
 
