@@ -332,6 +332,9 @@ def grid_for(kind: str, numels: dict, cfg: Config) -> tuple:
         return -(-int(a) // b)
     grid = tuple(cdiv(numels[f"{p}numel"], cfg[f"{p.upper()}BLOCK"]) if f"{p}numel" in numels else 1
                  for p in "xyz")
+    if "fold_y" in numels:      # symbolic y/z (triton_kernel's fold_y): the (z, y) blocks, 65535 a row
+        fold, zy = int(numels["fold_y"]), grid[1] * grid[2]
+        grid = (grid[0], min(zy, fold), cdiv(zy, fold))
     # §6.5 a one-kernel split (triton_outer.one_kernel_split): its pieces of the rows along y
     return (grid[0], int(numels["splits"]), grid[2]) if "splits" in numels else grid
 
@@ -344,8 +347,9 @@ def memory_floor_ms(numels: dict, signature: dict) -> float:
     """An upper estimate of a kernel's memory floor: every pointer of `signature` touched once per
     element, at ASSUMED_BANDWIDTH. Below SMALL_KERNEL_MS the heuristic default runs unmeasured."""
     elements = 1
-    for v in numels.values():
-        elements *= max(1, int(v))
+    for name, v in numels.items():
+        if name != "fold_y":        # (a grid limit, not a size)
+            elements *= max(1, int(v))
     nbytes = sum(_POINTER_BYTES.get(t[1:], 4) for t in signature.values() if t.startswith("*"))
     return elements * nbytes / ASSUMED_BANDWIDTH * 1e3
 

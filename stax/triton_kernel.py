@@ -171,9 +171,10 @@ def _choose_tiling(exprs, weights, names, sizes) -> tuple:
         splits += [(a, b) for a in range(1, n) for b in range(a + 1, n)]
     best, best_score = (), _tiling_score((), names, exprs, weights)
     for cuts in splits[1:]:
-        outer = [sympy.prod(sizes[lo:hi]) for lo, hi in zip((0,) + cuts, cuts)]
-        if any(not sympy.sympify(o).is_Integer or int(o) > GRID_LIMIT_YZ * MIN_OUTER_BLOCK for o in outer):
+        outer = [sympy.sympify(sympy.prod(sizes[lo:hi])) for lo, hi in zip((0,) + cuts, cuts)]
+        if all(o.is_Integer for o in outer) and any(int(o) > GRID_LIMIT_YZ * MIN_OUTER_BLOCK for o in outer):
             continue                   # the y/z grid extents could not be launched
+        # (a symbolic y or z extent (§10.3) launches at any size: its blocks fold, `fold_y`)
         score = _tiling_score(cuts, names, exprs, weights)
         if score > best_score:
             best, best_score = cuts, score
@@ -391,6 +392,10 @@ class TritonKernel:
         self.row_node = False                         # printing a per-row node of a reduction kernel
         self.workspace = {}                           # name -> dtype of scratch a form adds (counters)
         self.grid_y = False                           # y: one program per index, no YBLOCK (grid_y_lines)
+        # a tiled kernel whose y (or z) extent is symbolic (§10.3): its (z, y) blocks are numbered
+        # along program_id(1) up to CUDA's 65535, the rest folded onto program_id(2) (the
+        # decorator's `meta={'fold_y': 65535}`, read by autotune.grid_for), so any size launches
+        self.fold_y = False
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -482,6 +487,8 @@ def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=Non
     if y_split is not None and len(xm) >= 2 and not cuts and y_split(xs):
         cuts = (1,)
         k.grid_y = True
+    elif cuts and not sympy.sympify(sympy.prod(xs[:cuts[-1]])).is_Integer:
+        k.fold_y = True
     # name printed variables by position: z dims, y dims, x dims, then r dims (Listings 9.1, 9.2)
     bounds = (0,) + cuts + (len(xm),)
     prefixes = ["z", "y", "x"][3 - len(bounds) + 1:]
@@ -528,6 +535,8 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
                       "roffset = r0_offset", "rindex = r0_index"]
     else:
         pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
+        if k.fold_y and p in ("y", "z"):
+            pid, lines = _folded_block(k, p)
         lines.append(f"{p}offset = {pid} * {axis.block}")
         lines.append(f"{p}index = {p}offset + tl.arange(0, {axis.block}){sl}")
         if f"{p}mask" in k.always_true:
@@ -535,6 +544,21 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
         else:
             lines.append(f"{p}mask = {p}index < {p}numel")
     return lines
+
+
+def _folded_block(k, p: str) -> tuple:
+    """(the block number along `p`, lines before it) of a `fold_y` kernel: program (1, 2) is
+    block zy = pid1 + 65535·pid2 of the (z, y) blocks, y the faster; zy past the last block has
+    zoffset past znumel (masked)."""
+    cast = ".to(tl.int64)" if k.index64 else ""
+    three = any(a.prefix == "z" for a in k.axes)
+    lines = []
+    if p == "z" or not three:       # (the first of the folded axes printed)
+        lines.append(f"zy = tl.program_id(1){cast} + tl.program_id(2){cast} * {GRID_LIMIT_YZ}")
+        if three:
+            lines.append("y_blocks = (ynumel + YBLOCK - 1) // YBLOCK")
+    block = {"y": "(zy % y_blocks)" if three else "zy", "z": "(zy // y_blocks)"}[p]
+    return block, lines
 
 
 def grid_y_lines(k) -> list:
@@ -657,6 +681,7 @@ def finish(k: TritonKernel, form: str, lines: list, hint, meta=None) -> tuple:
     blocks = [a.block for a in k.axes if not (form == "per" and a.prefix == "r0_")
               and not (k.grid_y and a.prefix == "y")]
     meta = {**(meta or {}), "grid_y": GRID_LIMIT_YZ} if k.grid_y else meta      # (grid_y_lines)
+    meta = {**(meta or {}), "fold_y": GRID_LIMIT_YZ} if k.fold_y else meta      # (axis_lines)
     sig = [rename[n] for n in params] + syms + floats + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {_size_hint(k, form, a)}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}

@@ -194,6 +194,45 @@ def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
     assert plain == 0 and known > 0, (plain, known)
 
 
+@pytest.mark.parametrize("case", ["transpose_add", "permute3d"])
+def test_triton_symbolic_tiles_fold_past_the_grid_limit(case, monkeypatch):
+    """§9.3's y × x (and z × y × x) tiling of a transposed access is kept for symbolic sizes: the
+    (z, y) blocks fold onto program_id(2) past CUDA's 65535 (`fold_y`). Here the limit is 3, so a
+    few blocks already fold; every size equals eager."""
+    from stax import triton_kernel
+    monkeypatch.setattr(triton_kernel, "GRID_LIMIT_YZ", 3)
+    if case == "transpose_add":
+        fn, shapes = (lambda x, y: x.t() + y), (lambda n: [(n, 2 * n + 1), (2 * n + 1, n)])
+    else:
+        fn = lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0)     # noqa: E731
+        shapes = lambda n: [(n, n + 2, n), (n + 2, n, n), (n, n, n + 2)]     # noqa: E731
+    compiled = stax.compile(fn, dynamic=True)
+    for n in (40, 7, 97, 2):
+        args = [_rand(*s) for s in shapes(n)]
+        _close(compiled(*[a.to("cuda") for a in args]), fn(*args))
+    assert compiled.stats["compiles"] == 1, compiled.stats
+    kernel = next(iter(compiled.last_generated.kernels.values()))
+    assert "meta={'fold_y': 3}" in kernel and "tl.program_id(2) * 3" in kernel
+    assert ("zoffset = (zy // y_blocks) * ZBLOCK" in kernel) == (case == "permute3d")
+    assert "//" not in kernel.split("xmask = ")[1]        # no division per element: the dims are axes
+
+
+def test_triton_flattened_column_sum_is_an_outer_reduction():
+    """`g.reshape(-1, C).sum(0)` of a 3-d g with symbolic sizes: the flattened view's digits are
+    recombined before §9.4's direction test, so it is the OUTER form (coalesced along the C
+    outputs, [R0_BLOCK, XBLOCK]) split by Alg. 6.1, as for static sizes, not the row form."""
+    compiled = stax.compile(lambda g: g.reshape(-1, 256).sum(0), dynamic=True)
+    for shape in ((16, 64, 256), (3, 5, 256)):
+        g = _rand(*shape)
+        got = compiled(g.to("cuda")).cpu().numpy()
+        np.testing.assert_allclose(got, np.asarray(g.numpy(), np.float64).reshape(-1, 256).sum(0), rtol=1e-4,
+                                   atol=2e-4)
+    kernel = next(iter(compiled.last_generated.kernels.values()))
+    assert "reduction_hint=ReductionHint.OUTER" in kernel and "[R0_BLOCK, XBLOCK]" in kernel
+    assert "split = tl.program_id(1)" in kernel
+    assert compiled.stats["compiles"] == 1
+
+
 def test_cpu_kernel_takes_sizes_as_parameters():
     compiled = stax.compile(FUNCTIONS["ex1_1"], dynamic=True)
     compiled(_rand(64, 128), _rand(64, 128))
