@@ -106,7 +106,9 @@ def test_triton_kernel_takes_sizes_as_parameters_and_keeps_masks():
     assert "xnumel = " not in text.split("def call")[0]          # sizes are parameters, not constants
     assert "r0_mask = r0_index < r0_numel" in text or "r0_mask" in text
     assert "s0 = arg0_1.shape[0]" in text and "s1 = arg0_1.shape[1]" in text
-    assert "for r0_offset in tl.range(0, r0_numel" in text      # unbounded: the looped form exists
+    # unbounded: the looped form exists, its whole steps unmasked and the last step masked
+    assert "for r0_offset in tl.range(0, r0_whole, R0_BLOCK)" in text
+    assert "for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK)" in text
 
 
 # (graphs no other test compiles: an artifact cached from a run at other hints has other R0_BLOCKs)

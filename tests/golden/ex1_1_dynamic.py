@@ -40,7 +40,24 @@ def triton_red_fused_0(in_ptr0, in_ptr1, out_ptr0, s1, xnumel, r0_numel, XBLOCK 
     rbase = r0_base
     x0 = xindex
     _tmp0 = tl.full([XBLOCK, R0_BLOCK], 0, tl.float32)
-    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+    r0_whole = r0_numel - r0_numel % R0_BLOCK
+    for r0_offset in tl.range(0, r0_whole, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp1 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
+        tmp2 = tl.load(in_ptr1 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
+        tmp3 = (tmp1 + tmp2)
+        tmp4 = tl.full([1, 1], 0, tl.int32)
+        tmp5 = tl.maximum(tmp4, tmp3, tl.PropagateNan.ALL)
+        tmp6 = tl.full([1, 1], 2.0, tl.float32)
+        tmp7 = (tmp5 * tmp6)
+        tmp8 = tl.broadcast_to(tmp7, [XBLOCK, R0_BLOCK])
+        tmp9 = (_tmp0 + tmp8)
+        _tmp0 = tl.where(r0_mask & xmask, tmp9, _tmp0)
+    for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
         r0_index = r0_offset + r0_base
         r0_mask = r0_index < r0_numel
         roffset = r0_offset

@@ -43,7 +43,24 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
     x0 = xindex
     _tmp0 = tl.full([XBLOCK, 1], float("-inf"), tl.float32)
     _tmp1 = tl.full([XBLOCK, R0_BLOCK], 0, tl.float32)
-    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+    r0_whole = r0_numel - r0_numel % R0_BLOCK
+    for r0_offset in tl.range(0, r0_whole, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp2 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_last', other=0.0)
+        tmp3 = tmp2.to(tl.float32)
+        tmp4 = tl.broadcast_to(tmp3, [XBLOCK, R0_BLOCK])
+        tmp5 = tl.where(r0_mask & xmask, tmp4, float("-inf"))
+        tmp6 = triton_helpers.maximum(_tmp0, triton_helpers.max2(tmp5, 1)[:, None])
+        tmp7 = tmp6 == float("-inf")
+        tmp8 = tl.where(tmp7, 0.0, libdevice.exp(_tmp0 - tmp6))
+        tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
+        _tmp1 = _tmp1 * tmp8 + tmp9
+        _tmp0 = tmp6
+    for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
         r0_index = r0_offset + r0_base
         r0_mask = r0_index < r0_numel
         roffset = r0_offset
@@ -61,7 +78,21 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
         _tmp0 = tmp6
     tmp0 = _tmp0
     tmp1 = tl.sum(_tmp1, 1)[:, None]
-    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+    r0_whole = r0_numel - r0_numel % R0_BLOCK
+    for r0_offset in tl.range(0, r0_whole, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :]
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp10 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+        tmp11 = tmp10.to(tl.float32)
+        tmp12 = (tmp11 - tmp0)
+        tmp13 = libdevice.exp(tmp12)
+        tmp14 = (tmp13 / tmp1)
+        tmp15 = tmp14.to(tl.float32)
+        tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
+    for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
         r0_index = r0_offset + r0_base
         r0_mask = r0_index < r0_numel
         roffset = r0_offset
