@@ -1,7 +1,7 @@
 """Offline (no GPU): the static and the dynamic=True kernels of a reduction workload, built for sm_90,
 their instruction counts side by side (issue 10: dynamic within 1.10x of static on the H200).
 
-    python bench/dynamic_ptx.py [var0|bnstats] [--shape 8192x4096] [--out DIR]
+    python bench/dynamic_ptx.py [var0|bnstats|softmax|softmax:verylong] [--shape 8192x4096] [--out DIR]
 
 For each kernel of each artifact it prints the launch configuration the heuristic picks at the
 hint (`triton_heuristics.default_config` at the launch's numels), the PTX and SASS instruction
@@ -28,7 +28,9 @@ import numpy as np
 import stax
 
 WORKLOADS = {"var0": (lambda x: x.var(0), (8192, 4096)),
-             "bnstats": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), (32, 256, 56, 56))}
+             "bnstats": (lambda x: (x.mean((0, 2, 3)), x.var((0, 2, 3))), (32, 256, 56, 56)),
+             "softmax": (lambda x: stax.softmax(x, -1), (4096, 32768)),
+             "softmax:verylong": (lambda x: stax.softmax(x, -1), (2048, 65536))}
 
 
 class _Generated(Exception):
@@ -119,6 +121,9 @@ def build(name, source, out_dir=None, numels=None, sizes=None) -> dict:
     numels = {**(numels or {f"{p}numel": n for p, n in k.size_hints.items()}), **k.meta}
     cfg = default_config(k.kind, numels, k.reduction_hint, k.r0_block)
     constexprs = {c: v for c, v in cfg.items() if c.isupper()}
+    if k.meta.get("even_r0"):          # the launch's specialization (CachingAutotuner._even_r0)
+        r, block = numels.get("r0_numel", 0), cfg.get("R0_BLOCK", k.r0_block)
+        constexprs["EVEN_R0"] = int(r > 0 and r % block == 0)
     sig = dict(k.signature)
     for c in constexprs:
         sig.setdefault(c, "constexpr")

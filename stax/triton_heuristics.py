@@ -448,7 +448,7 @@ class CachingAutotuner:
             _fix_interpreter_bf16()
             if "tl.device_assert" in self.source:
                 _interpreter_asserts()
-            constexprs = {k: v for k, v in cfg.items() if k.isupper()}
+            constexprs = {k: v for k, v in self._even_r0(cfg, args).items() if k.isupper()}
             self.fn[grid](*[_interp_arg(a) for a in args], **constexprs)
             for name, a in zip(self.signature, args):      # no write outside any buffer
                 if hasattr(a, "_storage") and not a._storage.data.guards_intact():
@@ -462,11 +462,22 @@ class CachingAutotuner:
             self._fast = (args[self.ints_from:], grid, launcher)
 
     def _launcher(self, cfg: Config, aligned: bool, args):
-        divs = self._divs(args)
+        cfg, divs = self._even_r0(cfg, args), self._divs(args)
         key = (tuple(sorted(cfg.items())), aligned, divs)
         if key not in self.launchers:
             self.launchers[key] = self._compile(cfg, aligned, divs)
         return self.launchers[key]
+
+    def _even_r0(self, cfg: Config, args) -> Config:
+        """§10.3: a kernel over a row of symbolic length (meta `even_r0`) is compiled for each
+        launch with EVEN_R0 = 1 when its row is a positive whole number of R0_BLOCK steps (no
+        partial step, no row-end mask: the static kernel's code), else 0. Like `_divs`, a fact of
+        the arguments the kernel is specialized on; the tuning records keep the configuration."""
+        if not self.meta.get("even_r0"):
+            return cfg
+        n = args[list(self.signature).index("r0_numel")]
+        block = cfg.get("R0_BLOCK", self.r0_block)
+        return {**cfg, "EVEN_R0": int(n > 0 and n % block == 0)}
 
     def _divs(self, args) -> tuple:
         return tuple((i, _pow2_divisor(args[i])) for i in self.int_index if args[i] % 2 == 0)
@@ -481,6 +492,7 @@ class CachingAutotuner:
             return
         ptrs = [a if a.__class__ in _SCALARS else a.data_ptr() for a in args]
         aligned, divs = not any(ptrs[i] & 15 for i in self.pointer_index), self._divs(args)
+        cands = [self._even_r0(c, args) for c in cands]
         todo = [c for c in cands if (tuple(sorted(c.items())), aligned, divs) not in self.launchers]
         workers = min(compile_threads(), len(todo))
         if workers < 2:
@@ -603,11 +615,13 @@ class CachingAutotuner:
         for a, copy, nbytes in saved:
             cuda.copy_device_to_device(a._storage.data.buffer, copy, nbytes)
 
-    def compile_for(self, cc: int = 90, cfg: Config | None = None, divs: tuple = ()):
+    def compile_for(self, cc: int = 90, cfg: Config | None = None, divs: tuple = (), even_r0: bool = False):
         """Compile for sm_{cc} without a GPU (CI checks every generated kernel this way); `divs`:
-        (argument index, a power of two it is a multiple of) for integer arguments."""
+        (argument index, a power of two it is a multiple of) for integer arguments; `even_r0`:
+        the EVEN_R0 specialization, for a kernel that has one (`_even_r0`)."""
         numels = {**{f"{p}numel": n for p, n in self.size_hints.items()}, **self.meta}
         cfg = cfg or default_config(self.kind, numels, self.reduction_hint, self.r0_block)
+        cfg = {**cfg, "EVEN_R0": int(even_r0)} if self.meta.get("even_r0") else cfg
         constexprs = {k: v for k, v in cfg.items() if k.isupper()}
         return cuda_triton.compile_triton(self.fn, dict(self.signature), constexprs, num_warps=cfg["num_warps"],
                                    num_stages=cfg["num_stages"], cc=cc, attrs=self._attrs(True, divs))

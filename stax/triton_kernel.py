@@ -396,6 +396,11 @@ class TritonKernel:
         # along program_id(1) up to CUDA's 65535, the rest folded onto program_id(2) (the
         # decorator's `meta={'fold_y': 65535}`, read by autotune.grid_for), so any size launches
         self.fold_y = False
+        # a row of symbolic length whose kernel is compiled twice (§10.3): with the constexpr
+        # EVEN_R0 true for launches whose row is a whole number of R0_BLOCK steps (the row-end
+        # mask constant true, as in the static kernel), false for any other row (the decorator's
+        # `meta={'even_r0': 1}`; the launcher sets EVEN_R0 per call, as Triton specializes sizes)
+        self.even_r0 = False
 
     # -- naming and buffers --
     def new_tmp(self) -> str:
@@ -513,10 +518,11 @@ def setup_axes(k: TritonKernel, xsizes, rsizes, tiling_allowed=True, x_order=Non
     return xvars, rvars
 
 
-def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
+def axis_lines(k, axis, grid_dim, per_block=None, looped=False, whole=False) -> list:
     """The offset, index and mask lines of one axis (Listing 9.1's part (2)): a program axis reads
     `tl.program_id(grid_dim)`; the r0_ axis is the whole row (`per_block`, a persistent kernel) or
-    one R0_BLOCK step of the loop (`looped`). `var_lines` defines the loop variables from them."""
+    one R0_BLOCK step of the loop (`looped`; `whole`: a step known to lie inside the row, its
+    mask constant true). `var_lines` defines the loop variables from them."""
     order = k.block_axes or k.axes                  # the OUTER form's block is [R0_BLOCK, XBLOCK]
     p, n, i = axis.prefix, len(order), order.index(axis)
     sl = "[" + ", ".join(":" if j == i else "None" for j in range(n)) + "]"    # [:, None] for y of y × x
@@ -525,14 +531,17 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False) -> list:
         if per_block is not None:
             lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}" + (".to(tl.int64)" if k.index64 else ""))
             lines.append("r0_offset = 0")
+            true = f"tl.full([R0_BLOCK], True, tl.int1){sl}"
             if "r0_mask" in k.always_true:
-                lines.append(f"r0_mask = tl.full([R0_BLOCK], True, tl.int1){sl}")
+                lines.append(f"r0_mask = {true}")
+            elif k.even_r0:         # (a symbolic row: the launch knows whether it is R0_BLOCK long)
+                lines.append(f"r0_mask = {true} if EVEN_R0 else r0_index < r0_numel")
             else:
                 lines.append("r0_mask = r0_index < r0_numel")
             lines += ["roffset = r0_offset", "rindex = r0_index"]
         elif looped:
-            lines += ["r0_index = r0_offset + r0_base", "r0_mask = r0_index < r0_numel",
-                      "roffset = r0_offset", "rindex = r0_index"]
+            mask = f"tl.full([R0_BLOCK], True, tl.int1){sl}" if whole else "r0_index < r0_numel"
+            lines += ["r0_index = r0_offset + r0_base", f"r0_mask = {mask}", "roffset = r0_offset", "rindex = r0_index"]
     else:
         pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
         if k.fold_y and p in ("y", "z"):
@@ -682,6 +691,8 @@ def finish(k: TritonKernel, form: str, lines: list, hint, meta=None) -> tuple:
               and not (k.grid_y and a.prefix == "y")]
     meta = {**(meta or {}), "grid_y": GRID_LIMIT_YZ} if k.grid_y else meta      # (grid_y_lines)
     meta = {**(meta or {}), "fold_y": GRID_LIMIT_YZ} if k.fold_y else meta      # (axis_lines)
+    meta = {**(meta or {}), "even_r0": 1} if k.even_r0 else meta                 # (axis_lines)
+    blocks += ["EVEN_R0"] if k.even_r0 else []
     sig = [rename[n] for n in params] + syms + floats + numels + [f"{b} : tl.constexpr" for b in blocks]
     size_hints = ", ".join(f"'{a.prefix}': {_size_hint(k, form, a)}" for a in k.axes)
     signature = {rename[n]: _SIG[k.dtype_of(k.target.get(n, n)).name] for n in params}

@@ -196,6 +196,46 @@ def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
     assert plain == 0 and known > 0, (plain, known)
 
 
+def test_triton_rows_of_whole_steps_are_compiled_without_the_row_end_mask(monkeypatch):
+    """§10.3: a kernel over a row of symbolic length is specialized per launch on EVEN_R0 (the
+    row a positive whole number of R0_BLOCK steps): then the persistent row's mask is constant
+    true and the looped row has no partial step, as in the static kernel. Every length equals
+    eager, whichever specialization ran; the sm_90 build with EVEN_R0 has fewer loads."""
+    from stax import triton_heuristics
+    seen = []
+    plain = triton_heuristics.CachingAutotuner._even_r0
+
+    def record(self, cfg, args):
+        out = plain(self, cfg, args)
+        if "EVEN_R0" in out:
+            seen.append((self.kind, args[list(self.signature).index("r0_numel")], out["EVEN_R0"]))
+        return out
+    monkeypatch.setattr(triton_heuristics.CachingAutotuner, "_even_r0", record)
+    fn = lambda x: stax.softmax(x, -1)            # noqa: E731  (hint 64: persistent up to 64, else looped)
+    compiled = stax.compile(fn, dynamic=True)
+    for n in (64, 37, 4096, 4100, 2):
+        x = _rand(3, n)
+        _close(compiled(x.to("cuda")), fn(x))
+    assert compiled.stats["compiles"] == 1, compiled.stats
+    per = {(n, e) for kind, n, e in seen if kind == "persistent_reduction"}
+    red = {(n, e) for kind, n, e in seen if kind == "reduction"}
+    assert (64, 1) in per and (37, 0) in per and (2, 0) in per, per
+    assert (4096, 1) in red and (4100, 0) in red, red
+    name, src = next((n, s) for n, s in compiled.last_generated.kernels.items() if "triton_red" in n)
+    assert "if not EVEN_R0:" in src and "EVEN_R0 : tl.constexpr" in src
+    script = (
+        "import json, sys, triton\n"
+        "from stax.triton_heuristics import kernel_from_source\n"
+        "seen, real = [], triton.compile\n"
+        "triton.compile = lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]\n"
+        "k = kernel_from_source(*json.loads(sys.argv[1]))\n"
+        "for e in (False, True):\n"
+        "    k.compile_for(90, even_r0=e)\n"
+        "print(json.dumps([c.asm['ptx'].count('ld.global') for c in seen]))\n")
+    masked, whole = run_outside_interpreter(script, json.dumps([name, src]), timeout=300)
+    assert 0 < whole < masked, (masked, whole)
+
+
 @pytest.mark.parametrize("case", ["transpose_add", "permute3d"])
 def test_triton_symbolic_tiles_fold_past_the_grid_limit(case, monkeypatch):
     """§9.3's y × x (and z × y × x) tiling of a transposed access is kept for symbolic sizes: the

@@ -1,7 +1,7 @@
 # triton_per_fused_0: computes to_dtype, amax, sub, exp, sum, div, to_dtype_1
-@triton_heuristics.persistent_reduction(size_hints={'x': 8192, 'r0_': 1024}, reduction_hint=ReductionHint.INNER, signature={'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 's1': 'i32', 'xnumel': 'i32', 'r0_numel': 'i32'})
+@triton_heuristics.persistent_reduction(size_hints={'x': 8192, 'r0_': 1024}, reduction_hint=ReductionHint.INNER, meta={'even_r0': 1}, signature={'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 's1': 'i32', 'xnumel': 'i32', 'r0_numel': 'i32'})
 @triton.jit
-def triton_per_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.constexpr):
+def triton_per_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.constexpr, EVEN_R0 : tl.constexpr):
     R0_BLOCK: tl.constexpr = 1024
     rnumel = r0_numel
     RBLOCK: tl.constexpr = R0_BLOCK
@@ -10,7 +10,7 @@ def triton_per_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
     xmask = xindex < xnumel
     r0_index = tl.arange(0, R0_BLOCK)[None, :]
     r0_offset = 0
-    r0_mask = r0_index < r0_numel
+    r0_mask = tl.full([R0_BLOCK], True, tl.int1)[None, :] if EVEN_R0 else r0_index < r0_numel
     roffset = r0_offset
     rindex = r0_index
     r0_1 = r0_index
@@ -30,9 +30,9 @@ def triton_per_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
     tl.store(out_ptr0 + (r0_1 + x0*s1), tmp11, r0_mask & xmask)
 
 # triton_red_fused_0: computes to_dtype, amax, sub, exp, sum, div, to_dtype_1
-@triton_heuristics.reduction(size_hints={'x': 8192, 'r0_': 8192}, reduction_hint=ReductionHint.INNER, signature={'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 's1': 'i32', 'xnumel': 'i32', 'r0_numel': 'i32'})
+@triton_heuristics.reduction(size_hints={'x': 8192, 'r0_': 8192}, reduction_hint=ReductionHint.INNER, meta={'even_r0': 1}, signature={'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 's1': 'i32', 'xnumel': 'i32', 'r0_numel': 'i32'})
 @triton.jit
-def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.constexpr, R0_BLOCK : tl.constexpr):
+def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.constexpr, R0_BLOCK : tl.constexpr, EVEN_R0 : tl.constexpr):
     rnumel = r0_numel
     RBLOCK: tl.constexpr = R0_BLOCK
     xoffset = tl.program_id(0) * XBLOCK
@@ -60,22 +60,23 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
         tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
         _tmp1 = _tmp1 * tmp8 + tmp9
         _tmp0 = tmp6
-    for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
-        r0_index = r0_offset + r0_base
-        r0_mask = r0_index < r0_numel
-        roffset = r0_offset
-        rindex = r0_index
-        r0_1 = r0_index
-        tmp2 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_last', other=0.0)
-        tmp3 = tmp2.to(tl.float32)
-        tmp4 = tl.broadcast_to(tmp3, [XBLOCK, R0_BLOCK])
-        tmp5 = tl.where(r0_mask & xmask, tmp4, float("-inf"))
-        tmp6 = triton_helpers.maximum(_tmp0, triton_helpers.max2(tmp5, 1)[:, None])
-        tmp7 = tmp6 == float("-inf")
-        tmp8 = tl.where(tmp7, 0.0, libdevice.exp(_tmp0 - tmp6))
-        tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
-        _tmp1 = _tmp1 * tmp8 + tmp9
-        _tmp0 = tmp6
+    if not EVEN_R0:
+        for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
+            r0_index = r0_offset + r0_base
+            r0_mask = r0_index < r0_numel
+            roffset = r0_offset
+            rindex = r0_index
+            r0_1 = r0_index
+            tmp2 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, eviction_policy='evict_last', other=0.0)
+            tmp3 = tmp2.to(tl.float32)
+            tmp4 = tl.broadcast_to(tmp3, [XBLOCK, R0_BLOCK])
+            tmp5 = tl.where(r0_mask & xmask, tmp4, float("-inf"))
+            tmp6 = triton_helpers.maximum(_tmp0, triton_helpers.max2(tmp5, 1)[:, None])
+            tmp7 = tmp6 == float("-inf")
+            tmp8 = tl.where(tmp7, 0.0, libdevice.exp(_tmp0 - tmp6))
+            tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
+            _tmp1 = _tmp1 * tmp8 + tmp9
+            _tmp0 = tmp6
     tmp0 = _tmp0
     tmp1 = tl.sum(_tmp1, 1)[:, None]
     r0_whole = r0_numel - r0_numel % R0_BLOCK
@@ -92,19 +93,20 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
         tmp14 = (tmp13 / tmp1)
         tmp15 = tmp14.to(tl.float32)
         tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
-    for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
-        r0_index = r0_offset + r0_base
-        r0_mask = r0_index < r0_numel
-        roffset = r0_offset
-        rindex = r0_index
-        r0_1 = r0_index
-        tmp10 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
-        tmp11 = tmp10.to(tl.float32)
-        tmp12 = (tmp11 - tmp0)
-        tmp13 = libdevice.exp(tmp12)
-        tmp14 = (tmp13 / tmp1)
-        tmp15 = tmp14.to(tl.float32)
-        tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
+    if not EVEN_R0:
+        for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
+            r0_index = r0_offset + r0_base
+            r0_mask = r0_index < r0_numel
+            roffset = r0_offset
+            rindex = r0_index
+            r0_1 = r0_index
+            tmp10 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+            tmp11 = tmp10.to(tl.float32)
+            tmp12 = (tmp11 - tmp0)
+            tmp13 = libdevice.exp(tmp12)
+            tmp14 = (tmp13 / tmp1)
+            tmp15 = tmp14.to(tl.float32)
+            tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
 
 
 def call(args):
