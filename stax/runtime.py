@@ -265,10 +265,14 @@ def _code_version() -> str:
 
 def artifact_path(graph, device: str, target: str):
     """Keyed by what determines the generated code: the graph (ops, parameters, dtypes, shapes),
-    the inputs' strides, the back end's device decisions (`target`), and the compiler's source."""
+    the inputs' strides, the size symbols' hints and bounds (§10.3: a persistent row's R0_BLOCK, a split's
+    pieces are chosen at them; softmax over rows of 65536 was served the kernels chosen for rows
+    of 32768), the back end's device decisions (`target`), and the compiler's source."""
     inputs = [(n.name, n.op, n.meta.dtype.name, [str(s) for s in n.meta.shape],
                [str(s) for s in n.meta.stride]) for n in graph.inputs]
-    key = cache.content_hash(graph.format(), repr(inputs), device, target, _code_version())
+    sizes = [sorted((str(s), str(v)) for s, v in (getattr(graph, what, None) or {}).items())
+             for what in ("hints", "bounds")]      # (bounds: a range's upper end decides too)
+    key = cache.content_hash(graph.format(), repr(inputs), repr(sizes), device, target, _code_version())
     return cache.folder("artifacts") / f"{key}.json"
 
 

@@ -236,6 +236,24 @@ def test_triton_rows_of_whole_steps_are_compiled_without_the_row_end_mask(monkey
     assert 0 < whole < masked, (masked, whole)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_dynamic_artifact_is_cached_with_its_hints(device):
+    """The code of a dynamic artifact depends on its hints (a persistent row's R0_BLOCK, a
+    split's pieces), so the artifact cache keys them: the same graph first called at another
+    size is generated again, not served the kernels chosen for the first; the same size hits."""
+    def softmax(x):
+        return stax.softmax(x, -1) * 3.0
+    hits = []
+    for n in (64, 4096, 64):
+        f = stax.compile(lambda x: softmax(x), dynamic=True)      # (a new function each time)
+        x = _rand(3, n)
+        _close(f(x.to(device)), softmax(x))
+        hits.append("from the artifact cache" in f.last_generated.schedule)
+        if n == 4096 and device == "cuda":
+            assert "R0_BLOCK: tl.constexpr = 4096" in str(f.last_generated)
+    assert hits[1:] == [False, True], hits
+
+
 @pytest.mark.parametrize("case", ["transpose_add", "permute3d"])
 def test_triton_symbolic_tiles_fold_past_the_grid_limit(case, monkeypatch):
     """§9.3's y × x (and z × y × x) tiling of a transposed access is kept for symbolic sizes: the
