@@ -386,6 +386,14 @@ def _sparse_loops(spec: AttentionSpec) -> list:
     return lines
 
 
+def _heaviest_first(uneven: bool) -> str:
+    """The query block of this program. Under a causal (or block-sparse) mask a query block's work
+    grows with its index, and CUDA starts programs in order of program_id(0): counted from the
+    last block, the longest programs start first and the grid's last wave is short ones (the
+    longest-processing-time-first order FlashAttention-3 schedules causal attention in)."""
+    return "pid_m = tl.num_programs(0) - 1 - tl.program_id(0)" if uneven else "pid_m = tl.program_id(0)"
+
+
 def _body(spec: AttentionSpec) -> list:
     b, h, hk, m, n, d = spec.dims
     whole_m, _ = _whole_blocks(spec)
@@ -394,7 +402,7 @@ def _body(spec: AttentionSpec) -> list:
     store_mask = f", {' & '.join(out_conds)}" if out_conds else ""
     to64 = ".to(tl.int64)" if spec.big else ""
     lines = [f"M = {m}", f"N = {n}", f"D = {d}",
-             "pid_m = tl.program_id(0)",
+             _heaviest_first(spec.is_causal or spec.sparse is not None),
              f"bh = tl.program_id(1){to64}",
              f"b = bh // {h}", f"h = bh % {h}",
              f"hk = h // {h // hk}" if h != hk else "hk = h",

@@ -5,7 +5,7 @@ def triton_tem_fused_attention_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, out_ptr1, 
     M = 256
     N = 256
     D = 64
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // 4
     h = bh % 4
