@@ -514,7 +514,11 @@ class CachingAutotuner:
         # identical GEMMs (shape, layouts, dtypes, precision) share one record, whatever their
         # names and epilogues (§9.8: the epilogue does not change which blocks are fastest)
         shared = self.meta.get("tuning_key")
-        key = cache.content_hash(shared or self.text_key, repr(cands), props.name, repr(props.cc),
+        # the launch's sizes too: a kernel of symbolic sizes (§10.3) is one text for every size,
+        # and is tuned at the size it first runs at (the hint); softmax's dynamic looped kernel
+        # tuned on rows of 32768 was served that choice on rows of 65536 (1.16x its static twin)
+        key = cache.content_hash(shared or self.text_key, repr(cands), repr(sorted(numels.items())),
+                                 props.name, repr(props.cc),
                                  _triton_version(), repr(search), repr(sorted(self.options.items())),
                                  cache.FORMAT, "cold" if self.kind == "template" else "warm")
         path = cache.folder("autotune") / f"{'template' if shared else _family(self.name)}_{key}.json"

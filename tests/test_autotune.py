@@ -434,6 +434,18 @@ def test_algorithm_9_1_measures_once_then_reads_the_record(monkeypatch, tmp_path
     assert k2._autotune(numels, ()) == fastest and measured2 == []
 
 
+def test_a_record_is_for_the_sizes_it_was_measured_at(monkeypatch, tmp_path):
+    """§10.3: one text of symbolic sizes runs at many sizes; its record is the choice at the size
+    it was tuned at, so the same text first launched at another size is measured again."""
+    big, small = {"XBLOCK": 2048, "num_warps": 8, "num_stages": 1}, {"XBLOCK": 1024, "num_warps": 4, "num_stages": 1}
+    k, _ = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c == big else 2.0)
+    assert k._autotune({"xnumel": 1 << 24}, ()) == big
+    k2, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0 if c == small else 2.0)
+    assert k2._autotune({"xnumel": 1 << 23}, ()) == small and measured
+    k3, measured = _fake_kernel(monkeypatch, tmp_path, lambda c: 1.0)
+    assert k3._autotune({"xnumel": 1 << 24}, ()) == big and measured == []
+
+
 def test_failing_or_spilling_candidates_are_never_chosen(monkeypatch, tmp_path):
     numels = {"xnumel": 1 << 24}
     # inf is what _measure returns for a candidate that fails to compile or spills registers
