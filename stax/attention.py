@@ -513,9 +513,10 @@ def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
         tracer.graph_break("omni_attention(return_lse=True) under stax.compile (the LSE is no graph output)")
     if backend == "TRITON_DECODE":
         tracer.graph_break("omni_attention with BACKEND='TRITON_DECODE' (two kernels of its own)")
-    if any(isinstance(n, SymbolicInt) for n in tuple(q.shape) + tuple(k.shape)):
-        tracer.graph_break("omni_attention with symbolic sizes (dynamic shapes): its templates take "
-                           "static sizes; mark these dims static (stax.mark_static) to compile it")
+    symbolic = any(isinstance(n, SymbolicInt) for n in tuple(q.shape) + tuple(k.shape) + tuple(v.shape))
+    if symbolic and _needs_grad([q, k, v]):
+        tracer.graph_break("omni_attention with symbolic sizes on inputs that require grad (the backward "
+                           "templates take static sizes); mark these dims static (stax.mark_static)")
     spec = make_spec(_operand(q), _operand(k), _operand(v), _operand(q), q.dtype.name, scale)
     if spec is None:
         tracer.graph_break(f"omni_attention on q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype.name}: no "
@@ -536,8 +537,26 @@ def _traced_omni(q, k, v, score_mod, block_mask, scale, return_lse, backend):
     widen = q.device == "cpu" and q.dtype is not float32
     if widen:
         inputs[:3] = [t.to(float32) for t in inputs[:3]]
-    out = _op("omni_attn", inputs, params, _meta(tuple(q.shape), inputs[0].dtype, q.device))
+    shape = tuple(q.shape)
+    if symbolic:
+        # §10.4: the templates take static sizes, so under dynamic shapes q, k and v's layouts
+        # are specialized to the hints, each size, stride and offset guarded equal (as PyTorch
+        # specializes a size an op needs as a number): another size compiles again
+        params["layouts"] = tuple(_specialized_layout(tracer.shape_env, t) for t in inputs[:3])
+        shape = params["layouts"][0][0]
+    out = _op("omni_attn", inputs, params, _meta(shape, inputs[0].dtype, q.device))
     return out.to(q.dtype) if widen else out
+
+
+def _specialized_layout(env, t) -> tuple:
+    """(shape, stride, offset) of a traced tensor as ints, each symbolic one guarded equal to its hint."""
+    import sympy
+
+    def num(e):
+        e = sympy.sympify(e)
+        return int(e) if e.is_Integer else env.specialize(e)
+    m = t._meta
+    return tuple(num(n) for n in m.shape), tuple(num(st) for st in m.stride), num(m.offset)
 
 
 def omni_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,

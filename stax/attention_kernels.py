@@ -561,6 +561,8 @@ def omni_extern_spec(e, lowered, language: str = "triton") -> tuple:
     for `language` ('triton' or 'cpp'). The node was recorded only for inputs the template runs."""
     inputs = e.inputs[:-1] if e.params.get("with_lse") else e.inputs     # (the LSE: the launch's output)
     ops = [_extern_operand(x, lowered) for x in inputs]
+    for i, layout in enumerate(e.params.get("layouts") or ()):     # (symbolic, guarded equal to these)
+        ops[i] = (ops[i][0], ops[i][1], as_operand(*layout))
     names = [o[0] for o in ops]
     out = as_operand(e.layout.shape, e.layout.stride, 0)
     spec = make_spec(ops[0][2], ops[1][2], ops[2][2], out, ops[0][1], e.params["scale"], origins=e.origins)

@@ -774,12 +774,19 @@ def test_backward_with_an_attention_mask(rng, kind):
             assert_close(g.cpu(), r, stax.float32, rtol=1e-4, atol=1e-4)
 
 
-def test_omni_attention_under_dynamic_shapes_runs_eagerly_and_equals_eager(rng):
-    """Its templates take static sizes: with dynamic=True omni_attention is a graph break (eager,
-    exact), never the internal error the C++ template's spec once raised on symbolic sizes."""
-    q, k, v = (randn(rng, (1, 2, 33, 16)) for _ in range(3))
-    bm = stax.create_block_mask(lambda b, h, i, j: i >= j, None, None, 33, 33)
-    for mask in (None, bm):
-        f = stax.compile(lambda q, k, v: stax.omni_attention(q, k, v, block_mask=mask) * 2, dynamic=True)
-        assert_close(f(q, k, v), stax.omni_attention(q, k, v, block_mask=mask) * 2, stax.float32)
-        assert f.stats["eager_calls"] == 1
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_omni_attention_under_dynamic_shapes_specializes_its_sizes(rng, device):
+    """Its templates take static sizes: with dynamic=True, q, k and v's sizes and strides are
+    specialized to the call's (guarded), so the template runs (no eager call, equal to eager),
+    and a call at another size fails the guard and compiles again."""
+    for mask_n in (None, 33):
+        bm = None if mask_n is None else stax.create_block_mask(lambda b, h, i, j: i >= j, None, None, 33, 33,
+                                                                device=device)
+        f = stax.compile(lambda q, k, v: stax.omni_attention(q, k, v, block_mask=bm) * 2, dynamic=True)
+        for n in ((33, 40) if bm is None else (33, 33)):
+            q, k, v = (randn(rng, (1, 2, n, 16)).to(device) for _ in range(3))
+            want = stax.omni_attention(q.cpu(), k.cpu(), v.cpu(), block_mask=None if bm is None else
+                                       stax.create_block_mask(lambda b, h, i, j: i >= j, None, None, 33, 33)) * 2
+            assert_close(f(q, k, v).cpu(), want, stax.float32)
+        assert f.stats["eager_calls"] == 0 and f.stats["compiles"] == (2 if bm is None else 1), f.stats
+        assert "omni_attn" in f.last_generated.graph.format()
