@@ -190,6 +190,8 @@ MORE = {
     "tile3d": (lambda x, y, z: x + y.permute(2, 0, 1) * z.permute(1, 2, 0), [(7, 40, 33), (40, 33, 7), (33, 7, 40)]),
     "mm": (lambda a, b, c: stax.relu(a @ b + c), [(70, 33), (33, 45), (45,)]),
     "bmm_half": (lambda a, b: (a.half() @ b.half()).float(), [(3, 20, 40), (3, 40, 24)]),
+    # §9.6: two blocks a program (XUNROLL 2) among the candidates of a kernel calling erf and exp
+    "gelu_unrolled": (lambda x: x * 0.5 * (1 + stax.erf(x * 0.7071067811865476)) + stax.exp(-x * x), [(1 << 20,)]),
 }
 
 SM90_SCRIPT = """
@@ -230,6 +232,30 @@ def test_every_kernel_compiles_for_sm90(tmp_path):
     built = run_outside_interpreter(SM90_SCRIPT, *paths)
     assert len(built) == expected and expected > 40, (len(built), expected)
     assert all(elf and warps >= 1 for elf, warps in built.values()), built
+
+
+@pytest.mark.parametrize("n", [7, 3000, 1 << 15, 3 << 13])
+def test_two_blocks_a_program_equal_one(n, monkeypatch):
+    """A flat kernel calling libdevice's math may run two blocks a program (XUNROLL 2: both
+    blocks' loads first, then each block's math and store; `triton_kernel._two_blocks`). Forced
+    here at every size, where the second block is partly or wholly past the end (7, 3000), ends
+    exactly (2^15: its masks are constant true) or where xmask is dropped but a program's two
+    blocks could pass the end (3·2^13: the kernel keeps one block a program)."""
+    from stax import triton_heuristics, triton_kernel
+    monkeypatch.setattr(triton_kernel, "UNROLL_MIN_NUMEL", 1)     # (the form is printed for big kernels)
+    plain = triton_heuristics.default_config
+    monkeypatch.setattr(triton_heuristics, "default_config", lambda *a, **kw: (
+        lambda c: {**c, "XUNROLL": 2} if "XUNROLL" in c else c)(plain(*a, **kw)))
+    fn = lambda x: x * 0.5 * (1 + stax.erf(x * 0.7071067811865476)) + stax.exp(-x * x)      # noqa: E731
+    x = stax.from_numpy(np.random.default_rng(n).standard_normal(n).astype(np.float32))
+    f = stax.compile(fn, dynamic=False)
+    got = f(x.to("cuda")).cpu().numpy()
+    a = x.numpy().astype(np.float64)
+    from math import erf
+    want = a * 0.5 * (1 + np.vectorize(erf)(a * 0.7071067811865476)) + np.exp(-a * a)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    text = str(f.last_generated)
+    assert ("if XUNROLL == 2:" in text) == (n != 3 << 13), text
 
 
 # ---- golden kernels (tests/golden/README.md) ----
