@@ -116,14 +116,13 @@ def build(name, source, out_dir=None, numels=None, sizes=None) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from stax.triton_heuristics import default_config, kernel_from_source
+    from stax.triton_heuristics import default_config, even_r0, kernel_from_source
     k = kernel_from_source(name, source)
     numels = {**(numels or {f"{p}numel": n for p, n in k.size_hints.items()}), **k.meta}
     cfg = default_config(k.kind, numels, k.reduction_hint, k.r0_block)
     constexprs = {c: v for c, v in cfg.items() if c.isupper()}
     if k.meta.get("even_r0"):          # the launch's specialization (CachingAutotuner._even_r0)
-        r, block = numels.get("r0_numel", 0), cfg.get("R0_BLOCK", k.r0_block)
-        constexprs["EVEN_R0"] = int(r > 0 and r % block == 0)
+        constexprs["EVEN_R0"] = even_r0(numels.get("r0_numel", 0), cfg.get("R0_BLOCK", k.r0_block))
     sig = dict(k.signature)
     for c in constexprs:
         sig.setdefault(c, "constexpr")

@@ -476,8 +476,7 @@ class CachingAutotuner:
         if not self.meta.get("even_r0"):
             return cfg
         n = args[list(self.signature).index("r0_numel")]
-        block = cfg.get("R0_BLOCK", self.r0_block)
-        return {**cfg, "EVEN_R0": int(n > 0 and n % block == 0)}
+        return {**cfg, "EVEN_R0": even_r0(n, cfg.get("R0_BLOCK", self.r0_block))}
 
     def _divs(self, args) -> tuple:
         return tuple((i, _pow2_divisor(args[i])) for i in self.int_index if args[i] % 2 == 0)
@@ -686,6 +685,12 @@ def compile_threads() -> int:
     """Threads that build a kernel's candidates at once (`STAX_COMPILE_THREADS`; 1: one by one)."""
     env = os.environ.get("STAX_COMPILE_THREADS")
     return max(1, int(env)) if env else max(1, min(8, os.cpu_count() or 1))
+
+
+def even_r0(r0_numel: int, r0_block: int) -> int:
+    """EVEN_R0 of a launch (`CachingAutotuner._even_r0`): 1 when the row is a positive whole
+    number of R0_BLOCK steps."""
+    return int(r0_numel > 0 and r0_numel % r0_block == 0)
 
 
 def _pow2_divisor(n: int) -> int:

@@ -529,10 +529,10 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False, whole=False) -> 
     sl = "[" + ", ".join(":" if j == i else "None" for j in range(n)) + "]"    # [:, None] for y of y × x
     lines = []
     if p == "r0_":
+        true = f"tl.full([R0_BLOCK], True, tl.int1){sl}"
         if per_block is not None:
             lines.append(f"r0_index = tl.arange(0, R0_BLOCK){sl}" + (".to(tl.int64)" if k.index64 else ""))
             lines.append("r0_offset = 0")
-            true = f"tl.full([R0_BLOCK], True, tl.int1){sl}"
             if "r0_mask" in k.always_true:
                 lines.append(f"r0_mask = {true}")
             elif k.even_r0:         # (a symbolic row: the launch knows whether it is R0_BLOCK long)
@@ -541,7 +541,7 @@ def axis_lines(k, axis, grid_dim, per_block=None, looped=False, whole=False) -> 
                 lines.append("r0_mask = r0_index < r0_numel")
             lines += ["roffset = r0_offset", "rindex = r0_index"]
         elif looped:
-            mask = f"tl.full([R0_BLOCK], True, tl.int1){sl}" if whole else "r0_index < r0_numel"
+            mask = true if whole else "r0_index < r0_numel"
             lines += ["r0_index = r0_offset + r0_base", f"r0_mask = {mask}", "roffset = r0_offset", "rindex = r0_index"]
     else:
         pid = f"tl.program_id({grid_dim})" + (".to(tl.int64)" if k.index64 else "")
@@ -657,6 +657,11 @@ _BLOCK_NAMES = re.compile(r"\b(tmp\d+|xindex|xmask|x\d+)\b")
 UNROLL_MIN_NUMEL = 1 << 20
 
 
+def _second_block_inside(numel) -> bool:
+    """Does every program's second block lie inside the axis, for every XBLOCK a config takes?"""
+    return numel.is_Integer and int(numel) % (2 * MAX_XBLOCK) == 0
+
+
 def _unrollable(k, body: list) -> bool:
     """A flat (x-only) pointwise kernel that calls libdevice's math and whose loads read from the
     index alone (no loaded value in an address): it may run two blocks a program (XUNROLL)."""
@@ -666,7 +671,7 @@ def _unrollable(k, body: list) -> bool:
     at_hint = sympy.sympify(numel).subs(k.sched.lowered.hints or {})
     if not (at_hint.is_Integer and int(at_hint) >= UNROLL_MIN_NUMEL):
         return False
-    if "xmask" in k.always_true and not (numel.is_Integer and int(numel) % (2 * MAX_XBLOCK) == 0):
+    if "xmask" in k.always_true and not _second_block_inside(numel):
         return False        # (the lines carry no mask, and the second block may pass the end)
     if any(line.startswith(" ") for line in body):
         return False
@@ -683,7 +688,7 @@ def _two_blocks(k, head: list, body: list) -> list:
     bench/RESULTS.md, 2026-12-03). The second block's names end in `_1`."""
     k.xunroll = True
     axis = k.axes[0]
-    whole = axis.numel.is_Integer and int(axis.numel) % (2 * MAX_XBLOCK) == 0
+    whole = _second_block_inside(axis.numel)
     second = lambda line: _BLOCK_NAMES.sub(lambda m: m.group(1) + "_1", line)     # noqa: E731
     head = [line.replace("xoffset = tl.program_id(0) * XBLOCK", "xoffset = tl.program_id(0) * (XBLOCK * XUNROLL)")
             for line in head]

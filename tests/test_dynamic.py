@@ -161,6 +161,16 @@ def test_triton_indices_are_int32_under_a_guard(monkeypatch, capsys):
     assert not big.index32([((s0, s1), (s1, 1), 0)]) and not big.guards
 
 
+# an sm_90 build script's start (run_outside_interpreter; argv[1]: the kernel's [name, source]):
+# `k` the kernel, `seen` each triton.compile result
+_BUILDS = (
+    "import json, sys, triton\n"
+    "from stax.triton_heuristics import kernel_from_source\n"
+    "seen, real = [], triton.compile\n"
+    "triton.compile = lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]\n"
+    "k = kernel_from_source(*json.loads(sys.argv[1]))\n")
+
+
 def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
     # a row of run-time length vectorizes as a constant one does when the kernel is compiled
     # knowing the sizes' power-of-two divisors (Triton's JIT specializes ints the same way)
@@ -182,12 +192,7 @@ def test_triton_size_arguments_compile_with_their_divisibility(monkeypatch):
     k._launcher(cfg, True, [None] * k.ints_from + [4096, 64, 4096])
     assert len(built) == 4                       # one launcher per divisibility pattern, kept
     # the sm_90 builds (in a process of their own: this one may run Triton's interpreter)
-    script = (
-        "import json, sys, triton\n"
-        "from stax.triton_heuristics import kernel_from_source\n"
-        "seen, real = [], triton.compile\n"
-        "triton.compile = lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]\n"
-        "k = kernel_from_source(*json.loads(sys.argv[1]))\n"
+    script = _BUILDS + (
         "for divs in ((), tuple((i, 16) for i in k.int_index)):\n"
         "    k.compile_for(90, divs=divs)\n"
         "import re\n"      # (ld.global, its cache modifiers such as L1::evict_first, .v4)
@@ -223,12 +228,7 @@ def test_triton_rows_of_whole_steps_are_compiled_without_the_row_end_mask(monkey
     assert (4096, 1) in red and (4100, 0) in red, red
     name, src = next((n, s) for n, s in compiled.last_generated.kernels.items() if "triton_red" in n)
     assert "if not EVEN_R0:" in src and "EVEN_R0 : tl.constexpr" in src
-    script = (
-        "import json, sys, triton\n"
-        "from stax.triton_heuristics import kernel_from_source\n"
-        "seen, real = [], triton.compile\n"
-        "triton.compile = lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1]\n"
-        "k = kernel_from_source(*json.loads(sys.argv[1]))\n"
+    script = _BUILDS + (
         "for e in (False, True):\n"
         "    k.compile_for(90, even_r0=e)\n"
         "print(json.dumps([c.asm['ptx'].count('ld.global') for c in seen]))\n")
