@@ -2,6 +2,7 @@
 their instruction counts side by side (issue 10: dynamic within 1.10x of static on the H200).
 
     python bench/dynamic_ptx.py [var0|bnstats|softmax|softmax:verylong] [--shape 8192x4096] [--out DIR]
+        [--config R0_BLOCK=32768,num_warps=32]
 
 For each kernel of each artifact it prints the launch configuration the heuristic picks at the
 hint (`triton_heuristics.default_config` at the launch's numels), the PTX and SASS instruction
@@ -109,17 +110,17 @@ def launch_numels(gen, shape) -> dict:
     return out
 
 
-def build(name, source, out_dir=None, numels=None, sizes=None) -> dict:
+def build(name, source, out_dir=None, numels=None, sizes=None, override=None) -> dict:
     """Build one kernel for sm_90 in the heuristic configuration of its launch (`numels`; else
-    its size hints), its size arguments `sizes` marked with the powers of two they are multiples
-    of (as a launch does: `CachingAutotuner._divs`); its counts."""
+    its size hints) updated by `override` (--config), its size arguments `sizes` marked with the
+    powers of two they are multiples of (as a launch does: `CachingAutotuner._divs`); its counts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from stax.triton_heuristics import default_config, even_r0, kernel_from_source
     k = kernel_from_source(name, source)
     numels = {**(numels or {f"{p}numel": n for p, n in k.size_hints.items()}), **k.meta}
-    cfg = default_config(k.kind, numels, k.reduction_hint, k.r0_block)
+    cfg = {**default_config(k.kind, numels, k.reduction_hint, k.r0_block), **(override or {})}
     constexprs = {c: v for c, v in cfg.items() if c.isupper()}
     if k.meta.get("even_r0"):          # the launch's specialization (CachingAutotuner._even_r0)
         constexprs["EVEN_R0"] = even_r0(numels.get("r0_numel", 0), cfg.get("R0_BLOCK", k.r0_block))
@@ -135,12 +136,15 @@ def build(name, source, out_dir=None, numels=None, sizes=None) -> dict:
                            options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
     ptx, cubin = built.asm["ptx"], built.asm["cubin"]
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    sass = ""
+    sass, regs = "", ""
     if os.path.exists(tool):
         path = os.path.join(out_dir or "/tmp", f"{name}_{os.getpid()}.cubin")
         with open(path, "wb") as fh:
             fh.write(cubin)
         sass = subprocess.run([tool, "-c", path], capture_output=True, text=True).stdout
+        usage = subprocess.run([tool.replace("nvdisasm", "cuobjdump"), "-res-usage", path],
+                               capture_output=True, text=True).stdout
+        regs = (re.findall(r"REG:(\d+)", usage) or [""])[0]
         if not out_dir:
             os.remove(path)
     if out_dir:
@@ -149,17 +153,17 @@ def build(name, source, out_dir=None, numels=None, sizes=None) -> dict:
                 fh.write(text)
     lines = ptx.splitlines()
     sass_ops = [line for line in sass.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4}\*/\s+(?!NOP)", line)]
-    return {"config": cfg, "kernel": _summary(_ptx_ops(lines)), "sass": len(sass_ops),
+    return {"config": cfg, "kernel": _summary(_ptx_ops(lines)), "sass": len(sass_ops), "regs": regs,
             "loops": [_summary(_ptx_ops(lines[a:b + 1])) for a, b in ptx_loops(ptx)]}
 
 
 def main(argv):
     if argv and argv[0] == "--build":             # the child: [(title, where, name, source)]
-        for title, where, name, source, numels, sizes in json.load(open(argv[1])):
+        for title, where, name, source, numels, sizes, override in json.load(open(argv[1])):
             if title:
                 print(title)
-            r = build(name, source, where, numels, sizes)
-            print(f"  {name}  launch {numels}  {r['config']}  SASS {r['sass']}")
+            r = build(name, source, where, numels, sizes, override)
+            print(f"  {name}  launch {numels}  {r['config']}  SASS {r['sass']}  registers {r['regs']}")
             print(f"    PTX kernel {r['kernel']}")
             for i, loop in enumerate(r["loops"]):
                 print(f"    PTX loop {i}  {loop}")
@@ -172,6 +176,9 @@ def main(argv):
     if "--shape" in argv:
         shape = tuple(int(v) for v in argv[argv.index("--shape") + 1].split("x"))
     out = argv[argv.index("--out") + 1] if "--out" in argv else None
+    override = {}
+    if "--config" in argv:                         # e.g. --config R0_BLOCK=32768,num_warps=32
+        override = {k: int(v) for k, v in (kv.split("=") for kv in argv[argv.index("--config") + 1].split(","))}
     todo = []
     for kind in ("static", "dynamic"):
         gen = generated(fn, shape, kind == "dynamic")
@@ -180,7 +187,7 @@ def main(argv):
             os.makedirs(where, exist_ok=True)
         title = f"== {which} {'x'.join(map(str, shape))} {kind}"
         numels = launch_numels(gen, shape)
-        todo += [(title if i == 0 else "", where, name, source, numels.get(name), numels["sizes"])
+        todo += [(title if i == 0 else "", where, name, source, numels.get(name), numels["sizes"], override)
                  for i, (name, source) in enumerate(gen.kernels.items())]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(todo, fh)

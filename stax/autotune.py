@@ -412,14 +412,15 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
         # (4096, 4) and (8192, 8): 32 elements a thread, for a kernel whose math (erf and exp:
         # the exact GELU) is as long as its memory time, so more loads are in flight per thread
         unroll = {"XUNROLL": 1} if numels.get("xunroll") else {}
-        for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16), (4096, 4), (8192, 8)):
-            if xb <= max(16, _pow2_at_most(x, 8192 if xb > 4096 else 4096)):
-                out.append({"XBLOCK": xb, **unroll, "num_warps": w, "num_stages": 1})
         # two blocks a program, both loads first (triton_kernel._two_blocks): the exact GELU's
-        # best form on the H200 in a standalone probe, 0.98 of a copy's speed against 0.95
+        # best form on the H200 in a standalone probe, 0.98 of a copy's speed against 0.95.
+        # Listed right after the default, so the cap of MAX_CANDIDATES drops plain forms instead
         for xb, w in ((1024, 4), (512, 4), (2048, 8)) if unroll else ():
             if 2 * xb <= max(16, _pow2_at_most(x, 4096)):
                 out.append({"XBLOCK": xb, "XUNROLL": 2, "num_warps": w, "num_stages": 1})
+        for xb, w in ((512, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16), (4096, 4), (8192, 8)):
+            if xb <= max(16, _pow2_at_most(x, 8192 if xb > 4096 else 4096)):
+                out.append({"XBLOCK": xb, **unroll, "num_warps": w, "num_stages": 1})
     elif kind == "persistent_reduction" and reduction_hint == ReductionHint.OUTER:
         out += _outer_persistent_candidates(x, r0_block)
     elif kind == "persistent_reduction":
@@ -435,10 +436,12 @@ def candidates(kind: str, numels: dict, reduction_hint=None, r0_block=None) -> l
         out += [dict(c) for c in OUTER_LOOPED[1:]]
     else:
         r = max(1, int(numels.get("r0_numel", 1)))
-        # (16384, 32): a 65536-long online softmax row at 0.80 of the floor against 0.68 with
-        # (8192, 16) on the H200: fewer rows in flight, so the second pass finds its row in L2
+        # (16384, 32) and (32768, 32): one program of 32 warps an SM, so fewer rows are in flight
+        # and the second pass finds its row in L2; a 65536-long online softmax row at 0.80 of the
+        # floor with (16384, 32) against 0.68 with (8192, 16) on the H200, and with the online
+        # sum per row (triton_reduction._online_phase) 32768-element steps fit in registers
         for xb, rb, w in ((1, 1024, 4), (1, 4096, 8), (1, 4096, 16), (2, 2048, 8), (1, 8192, 16),
-                          (1, 16384, 32)):
+                          (1, 16384, 32), (1, 32768, 32)):
             if rb <= max(16, _pow2_at_most(r, 8192 if rb <= 8192 else 65536)):
                 out.append({"XBLOCK": xb, "R0_BLOCK": rb, "num_warps": w, "num_stages": 1})
     return launchable(out, lambda c: grid_for(kind, numels, c))

@@ -385,6 +385,7 @@ class TritonKernel:
         self.always_true = set()                      # masks known true (set by the kernel forms)
         self.index64 = _needs_int64(sched.lowered)   # an index may pass 2^31: compute indices in int64
         self.row_read_again = False                   # a later looped pass reads the row again
+        self.stream_stores = False                    # this pass's row stores are evict_first
         self.force_form = None                        # 'red': print the looped form of a group
         self.other_form = None                        # that has a persistent one too (§9.4)
         self.r0_block = None                          # a persistent row's R0_BLOCK (its size hint)
@@ -460,7 +461,9 @@ class TritonKernel:
             # one element (a full reduction, a 0-d output): a block of equal offsets, one lane writes
             shape = self.row_shape() if self.reduction else self.block_shape()
             offset, mask = f"tl.full({shape}, {offset}, tl.int32)", "xmask"
-        return f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''})"
+        stream = self.stream_stores and any(s in self.rvars_printed for s in expr.free_symbols)
+        return (f"tl.store({ptr} + ({offset}), {value}{', ' + mask if mask else ''}"
+                + (", eviction_policy='evict_first')" if stream else ")"))
 
     def body(self, node, xvars, rvars, printer):
         idx, ridx = node_index(node, xvars, rvars)

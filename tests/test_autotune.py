@@ -611,3 +611,13 @@ def test_candidates_are_built_side_by_side_then_loaded_from_the_cubin_cache(tmp_
     assert len(list((tmp_path / "cubin").glob(f"{out['name'].rsplit('_', 1)[0]}_*.bin"))) == out["n"] - 1
     assert out["elf"] == [True] * (out["n"] - 1) and out["rebuilt"] == []
     assert out["error"] == "this candidate does not compile"
+
+
+def test_a_flat_kernel_of_two_blocks_a_program_keeps_that_form_among_its_capped_candidates():
+    """§9.6: XUNROLL 2 (triton_kernel._two_blocks) is measured, not cut by MAX_CANDIDATES: the
+    first H200 run of the exact GELU measured eight one-block forms and none of the three."""
+    from stax.autotune import MAX_CANDIDATES, candidates
+    cands = candidates("pointwise", {"xnumel": 64 << 20, "xunroll": 1})
+    assert len(cands) <= MAX_CANDIDATES and cands[0]["XUNROLL"] == 1
+    assert sum(c["XUNROLL"] == 2 for c in cands) == 3, cands
+    assert all("XUNROLL" not in c for c in candidates("pointwise", {"xnumel": 64 << 20}))

@@ -41,8 +41,8 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
     r0_base = tl.arange(0, R0_BLOCK)[None, :]
     rbase = r0_base
     x0 = xindex
-    _tmp0 = tl.full([XBLOCK, 1], float("-inf"), tl.float32)
-    _tmp1 = tl.full([XBLOCK, R0_BLOCK], 0, tl.float32)
+    _tmp0 = tl.full([XBLOCK, 1], -3.4028234663852886e+38, tl.float32)
+    _tmp1 = tl.full([XBLOCK, 1], 0, tl.float32)
     r0_whole = r0_numel - r0_numel % R0_BLOCK
     for r0_offset in tl.range(0, r0_whole, R0_BLOCK):
         r0_index = r0_offset + r0_base
@@ -55,10 +55,9 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
         tmp4 = tl.broadcast_to(tmp3, [XBLOCK, R0_BLOCK])
         tmp5 = tl.where(r0_mask & xmask, tmp4, float("-inf"))
         tmp6 = triton_helpers.maximum(_tmp0, triton_helpers.max2(tmp5, 1)[:, None])
-        tmp7 = tmp6 == float("-inf")
-        tmp8 = tl.where(tmp7, 0.0, libdevice.exp(_tmp0 - tmp6))
-        tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
-        _tmp1 = _tmp1 * tmp8 + tmp9
+        tmp7 = libdevice.exp(_tmp0 - tmp6)
+        tmp8 = tl.where(r0_mask & xmask, libdevice.exp(tmp4 - tmp6), 0.0)
+        _tmp1 = _tmp1 * tmp7 + tl.sum(tmp8, 1)[:, None]
         _tmp0 = tmp6
     if not EVEN_R0:
         for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
@@ -72,13 +71,12 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
             tmp4 = tl.broadcast_to(tmp3, [XBLOCK, R0_BLOCK])
             tmp5 = tl.where(r0_mask & xmask, tmp4, float("-inf"))
             tmp6 = triton_helpers.maximum(_tmp0, triton_helpers.max2(tmp5, 1)[:, None])
-            tmp7 = tmp6 == float("-inf")
-            tmp8 = tl.where(tmp7, 0.0, libdevice.exp(_tmp0 - tmp6))
-            tmp9 = tl.where(r0_mask & xmask & (tmp6 != float("-inf")), libdevice.exp(tmp4 - tmp6), 0.0)
-            _tmp1 = _tmp1 * tmp8 + tmp9
+            tmp7 = libdevice.exp(_tmp0 - tmp6)
+            tmp8 = tl.where(r0_mask & xmask, libdevice.exp(tmp4 - tmp6), 0.0)
+            _tmp1 = _tmp1 * tmp7 + tl.sum(tmp8, 1)[:, None]
             _tmp0 = tmp6
     tmp0 = _tmp0
-    tmp1 = tl.sum(_tmp1, 1)[:, None]
+    tmp1 = _tmp1
     r0_whole = r0_numel - r0_numel % R0_BLOCK
     for r0_offset in tl.range(0, r0_whole, R0_BLOCK):
         r0_index = r0_offset + r0_base
@@ -86,13 +84,13 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
         roffset = r0_offset
         rindex = r0_index
         r0_1 = r0_index
-        tmp10 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
-        tmp11 = tmp10.to(tl.float32)
-        tmp12 = (tmp11 - tmp0)
-        tmp13 = libdevice.exp(tmp12)
-        tmp14 = (tmp13 / tmp1)
-        tmp15 = tmp14.to(tl.float32)
-        tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
+        tmp9 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+        tmp10 = tmp9.to(tl.float32)
+        tmp11 = (tmp10 - tmp0)
+        tmp12 = libdevice.exp(tmp11)
+        tmp13 = (tmp12 / tmp1)
+        tmp14 = tmp13.to(tl.float32)
+        tl.store(out_ptr0 + (r0_1 + x0*s1), tmp14, r0_mask & xmask, eviction_policy='evict_first')
     if not EVEN_R0:
         for r0_offset in tl.range(r0_whole, r0_numel, R0_BLOCK):
             r0_index = r0_offset + r0_base
@@ -100,13 +98,13 @@ def triton_red_fused_0(in_ptr0, out_ptr0, s1, xnumel, r0_numel, XBLOCK : tl.cons
             roffset = r0_offset
             rindex = r0_index
             r0_1 = r0_index
-            tmp10 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
-            tmp11 = tmp10.to(tl.float32)
-            tmp12 = (tmp11 - tmp0)
-            tmp13 = libdevice.exp(tmp12)
-            tmp14 = (tmp13 / tmp1)
-            tmp15 = tmp14.to(tl.float32)
-            tl.store(out_ptr0 + (r0_1 + x0*s1), tmp15, r0_mask & xmask)
+            tmp9 = tl.load(in_ptr0 + (r0_1 + x0*s1), r0_mask & xmask, other=0.0)
+            tmp10 = tmp9.to(tl.float32)
+            tmp11 = (tmp10 - tmp0)
+            tmp12 = libdevice.exp(tmp11)
+            tmp13 = (tmp12 / tmp1)
+            tmp14 = tmp13.to(tl.float32)
+            tl.store(out_ptr0 + (r0_1 + x0*s1), tmp14, r0_mask & xmask, eviction_policy='evict_first')
 
 
 def call(args):
