@@ -224,8 +224,9 @@ def read_ceiling_ms(nbytes: int):
     (L2 evicted first, CUDA events): a grid-stride float32 sum, best of a few launch shapes
     (measured on the H200: BLOCK 4096, 8 or 16 warps, 16-32 programs per SM). A reduction that
     reads its input once cannot beat it. For tens of megabytes it is well below the copy
-    bandwidth's floor (the ramp and the tail of one launch are several microseconds): 64 MB
-    reached 0.64 of the floor, 128 MB 0.76, 256 MB 0.89, 512 MB 0.98. Needs torch (for the buffer
+    bandwidth's floor, mostly because the fill leaves dirty lines in L2 whose write-back the read
+    pays for (`clean_flush`): 64 MB reached 0.64 of the floor, 128 MB 0.76, 256 MB 0.89, 512 MB
+    0.98; after a 256 MB read instead, 0.84, 0.95 and 0.99 for 64-256 MB. Needs torch (for the buffer
     and the timer, as the torch.compile columns do); None without it."""
     if nbytes in _CEILINGS:
         return _CEILINGS[nbytes]
