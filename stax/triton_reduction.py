@@ -23,7 +23,7 @@ from __future__ import annotations
 import sympy
 
 from .autotune import next_pow2
-from .dtypes import bool_, int64
+from .dtypes import int64
 from .ir import ModularIndexing, Reduction, reduction_identity, set_handler, upper_bound
 from .printer import Var
 from .schedule import node_index, phases
