@@ -1372,9 +1372,11 @@ def onekernel_compare(names, json_path=None):
                                         for _ in range(50))
             row[f"kernels_{form}"] = list(f.last_generated.kernels)
         times = {form: [] for form in compiled}
+        clean = {form: [] for form in compiled}
         for _ in range(3):
             for form, (f, _) in compiled.items():
                 times[form].append(time_calls(f, args))
+                clean[form].append(time_calls(f, args, clean=True))
         out = compiled["one"][1]
         outs = out if isinstance(out, (tuple, list)) else [out]
         nbytes = sum(a.numel() * a.element_size() for a in args) + sum(o.numel() * o.element_size() for o in outs)
@@ -1382,15 +1384,18 @@ def onekernel_compare(names, json_path=None):
         for form in compiled:
             row[f"{form}_ms"] = min(times[form])
             row[f"frac_{form}"] = row["floor_ms"] / row[f"{form}_ms"]
+            row[f"{form}_clean_ms"] = min(clean[form])
         rows.append(row)
         print(json.dumps(row), flush=True)
         del args, compiled, out, outs
-    print("\n| workload | one (default) ms | two ms | all ms | floor ms | frac one / two / all | agree | stable | kernels (one / two / all) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| workload | one (default) ms | two ms | all ms | floor ms | frac one / two / all | "
+          "clean L2: one / two / all ms | agree | stable | kernels (one / two / all) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ok = lambda key: all(r[f"{key}_{f}"] for f in SPLIT_FORMS)      # noqa: E731
         print(f"| {r['workload']} | {r['one_ms']:.4f} | {r['two_ms']:.4f} | {r['all_ms']:.4f} | {r['floor_ms']:.4f} | "
-              f"{r['frac_one']:.2f} / {r['frac_two']:.2f} / {r['frac_all']:.2f} | {ok('agree')} | {ok('stable')} | "
+              f"{r['frac_one']:.2f} / {r['frac_two']:.2f} / {r['frac_all']:.2f} | "
+              f"{r['one_clean_ms']:.4f} / {r['two_clean_ms']:.4f} / {r['all_clean_ms']:.4f} | {ok('agree')} | {ok('stable')} | "
               f"{' / '.join(', '.join(r['kernels_' + f]) for f in SPLIT_FORMS)} |")
     if json_path:
         with open(json_path, "w") as fh:

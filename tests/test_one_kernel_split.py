@@ -67,6 +67,16 @@ def test_ops_over_dim_0(op, shape):
         assert _one_kernel(gen) and len(gen.kernels) == 1, gen
 
 
+@pytest.mark.parametrize("op", ["amax", "sum"])
+def test_outputs_over_two_dims(op):
+    """amax over a middle dim (issue 12's amax_mid, smaller): the outputs (16, 24) stay two dims
+    in the pieces' index, [splits, 16, 24] with the input's strides (they do not merge), and are
+    still one kernel; 24 columns, not a power of two, and 1000 rows, 7 splits."""
+    x = stax.tensor(np.random.default_rng(11).standard_normal((16, 1000, 24)).astype(np.float32))
+    gen = _run(lambda t: getattr(t, op)(1), lambda a: REFS[op](a, 1), x, count=1000)
+    assert _one_kernel(gen) and len(gen.kernels) == 1, gen
+
+
 def test_argmax_over_dim_0():
     """argmax is not split (its combine needs the index): correct in whatever form it takes."""
     x = stax.randn(4097, 65)
