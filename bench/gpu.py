@@ -175,14 +175,16 @@ HOST_AHEAD_FILL = 1 << 30
 # The fill leaves the L2 full of dirty lines, whose write-back the timed call pays for as it
 # reads (a 128 MB stream read after the fill: 0.76 of the copy floor; after a 256 MB read instead,
 # which leaves the L2 clean: 0.95; 64 MB 0.64 against 0.84; H200, 2026-12-03). `clean=True`
-# evicts by reading: the reductions table shows both, each library timed the same way.
+# evicts by reading (1 GB): the reductions table shows both, each library timed the same way.
 _CLEAN_FLUSH = []
 
 
 def clean_flush():
-    """Evict the L2 by reading 256 MB (a compiled amax), so it holds clean lines only."""
+    """Evict the L2 by reading 1 GB (a compiled amax), so it holds clean lines only. (Not 256 MB:
+    its 60 µs did not cover a Stax call's host time on a slow host, so the timed call's kernels
+    waited for their launches: bnstats read 0.053 ms clean against 0.035 after the fill.)"""
     if not _CLEAN_FLUSH:
-        buf = make_input((64 << 20,))
+        buf = make_input((256 << 20,))
         amax = stax.compile(lambda t: t.amax())
         amax(buf)
         _CLEAN_FLUSH.append(lambda: amax(buf))
@@ -193,7 +195,7 @@ def time_calls(fn, args, iters=None, fill: int = 256 << 20, clean: bool = False)
     """Median milliseconds per call, measured as triton.testing.do_bench measures torch.compile
     below: before each call a 256 MB fill (or `fill` bytes) evicts the L2 cache (no input is still
     cached from the previous call), and CUDA events bracket the call alone. `clean`: evict by a
-    256 MB read instead (`clean_flush`)."""
+    1 GB read instead (`clean_flush`)."""
     if not _FLUSH or _FLUSH[0].nbytes != fill:
         _FLUSH.clear()
         _FLUSH.append(cuda.allocate(fill))
@@ -296,9 +298,9 @@ def torch_time(name, shapes):
 
 
 def torch_clean_ms(call, iters: int = 100) -> float:
-    """torch's side of `time_calls(clean=True)`: median ms, a 256 MB read (amax) before each call."""
+    """torch's side of `time_calls(clean=True)`: median ms, a 1 GB read (amax) before each call."""
     import torch
-    buf = torch.randn(64 << 20, device="cuda")
+    buf = torch.randn(256 << 20, device="cuda")
     for _ in range(3):
         call()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
@@ -1534,7 +1536,7 @@ def main(argv):
         print(f"| {r['workload']} | {r['stax_ms']:.3f} | {r['floor_ms']:.3f} | {r['frac']:.2f} | {ceil} | {tm} | {sp} | {', '.join(r['kernels'])} |")
     clean = [r for r in rows if "clean_ms" in r]
     if clean:
-        print("\n| reduction, L2 evicted by a 256 MB read (clean) | Stax ms | frac of floor | torch.compile ms | torch/Stax |")
+        print("\n| reduction, L2 evicted by a 1 GB read (clean) | Stax ms | frac of floor | torch.compile ms | torch/Stax |")
         print("| --- | --- | --- | --- | --- |")
     for r in clean:
         tm = f"{r['torch_clean_ms']:.3f} | {r['clean_speedup']:.2f}" if "torch_clean_ms" in r else "- | -"

@@ -17,7 +17,7 @@ def triton_per_fused_0(in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK : tl.constexp
     rindex = r0_index
     r0_1 = r0_index
     x0 = xindex
-    tmp0 = tl.load(in_ptr0 + (512*r0_1 + x0), xmask, other=0.0)
+    tmp0 = tl.load(in_ptr0 + (512*r0_1 + x0), xmask, eviction_policy='evict_first', other=0.0)
     tmp1 = (tmp0 * tmp0)
     tmp2 = tl.broadcast_to(tmp1, [R0_BLOCK, XBLOCK])
     tmp3 = tl.where(xmask, tmp2, 0)

@@ -19,7 +19,7 @@ def triton_red_fused_0(in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK : tl.constexp
         roffset = r0_offset
         rindex = r0_index
         r0_1 = r0_index
-        tmp1 = tl.load(in_ptr0 + (96*r0_1 + x0), r0_mask & xmask, other=0.0)
+        tmp1 = tl.load(in_ptr0 + (96*r0_1 + x0), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
         tmp2 = tl.broadcast_to(tmp1, [R0_BLOCK, XBLOCK])
         tmp3 = (_tmp0 + tmp2)
         _tmp0 = tl.where(r0_mask & xmask, tmp3, _tmp0)

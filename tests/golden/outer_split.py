@@ -21,7 +21,7 @@ def triton_red_fused_0(in_out_ptr0, in_out_ptr1, in_ptr0, out_ptr0, xnumel, r0_n
         roffset = r0_offset
         rindex = r0_index
         r0_2 = r0_index
-        tmp1 = tl.load(in_ptr0 + (512*r0_2 + 65536*x0 + x1), r0_mask & xmask, other=0.0)
+        tmp1 = tl.load(in_ptr0 + (512*r0_2 + 65536*x0 + x1), r0_mask & xmask, eviction_policy='evict_first', other=0.0)
         tmp2 = tl.broadcast_to(tmp1, [R0_BLOCK, XBLOCK])
         tmp3 = (_tmp0 + tmp2)
         _tmp0 = tl.where(r0_mask & xmask, tmp3, _tmp0)
@@ -45,7 +45,7 @@ def triton_red_fused_0(in_out_ptr0, in_out_ptr1, in_ptr0, out_ptr0, xnumel, r0_n
         rindex_c = r0_index_c
         r0_1_c = r0_index_c
         x0_c = xindex_c
-        tmp4 = tl.load(in_out_ptr0 + (512*r0_1_c + x0_c), xmask_c, other=0.0)
+        tmp4 = tl.load(in_out_ptr0 + (512*r0_1_c + x0_c), xmask_c, eviction_policy='evict_first', other=0.0)
         tmp5 = tl.broadcast_to(tmp4, [R0_BLOCK_c, XBLOCK])
         tmp6 = tl.where(xmask_c, tmp5, 0)
         tmp7 = tl.sum(tmp6, 0)[None, :].to(tl.float32)
