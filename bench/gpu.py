@@ -1369,7 +1369,10 @@ def onekernel_compare(names, json_path=None):
         row = {"workload": name}
         for form, (f, out) in compiled.items():
             got = _host_arrays(out)
-            row[f"agree_{form}"] = all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, ref))
+            # (atol relative to the result's scale: float32 sums of 32768 values in another order
+            # differ by about 1e-5 of the largest, colsum:large's 0.0045 of 800)
+            row[f"agree_{form}"] = all(np.allclose(a, b, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(b).max())))
+                                       for a, b in zip(got, ref))
             row[f"stable_{form}"] = all(all(np.array_equal(a, b) for a, b in zip(_host_arrays(f(*args)), got))
                                         for _ in range(50))
             row[f"kernels_{form}"] = list(f.last_generated.kernels)
