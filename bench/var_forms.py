@@ -1,0 +1,207 @@
+"""var over dim 0 in three hand-written Triton forms beside Stax and torch.compile (§9.4, issue 12).
+
+Stax reduces `x.var(0)` of a contiguous 8192×4096 float32 in pieces of 64 rows held in registers
+(`lower.chunk_deviations`, the OUTER persistent form), then combines the 128 pieces of each column
+in a second kernel: 0.039 ms with a clean L2, 0.82 of the copy floor; the pieces kernel alone is
+0.87 of it. Which form reaches 0.9? This script times, each after a 1 GB read (clean L2), median of
+many calls:
+
+  - `colsum`   the one-read speed of this layout: a looped OUTER column sum, split SPLITS ways,
+               the last split of a column block adds the partials (no var at all);
+  - `chan`     pieces of 64 rows merged in registers with Chan's update, NP pieces a program, so
+               only 128/NP partials a column; the last split combines (one kernel);
+  - `welford`  a looped OUTER kernel with Welford state per lane ([R0_BLOCK, XBLOCK] means and M2s,
+               one element per lane a step, as Inductor's `welford_reduce`), lanes merged once at
+               the end, splits combined by the last to arrive (one kernel);
+  - Stax's own `x.var(0)` and torch.compile's, the same way.
+
+    python bench/var_forms.py                 # the H200 (needs torch, for the buffers and timers)
+    TRITON_INTERPRET=1 python bench/var_forms.py --check    # small sizes on the CPU, results only
+
+Every form is checked against float64 on data with mean 100 and standard deviation 3 (a large mean
+is where a one-pass sum of squares would lose its digits). Status, 2026-12-03: checked in the
+interpreter (`--check`) only. The `chan` form's `.probe` run on the H200 gave 39.1 µs at best
+(bench/RESULTS.md), no faster than Stax's two kernels. `welford` and `colsum` have not run there yet.
+"""
+import os
+import statistics
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+CHECK = "--check" in sys.argv
+DEVICE = "cpu" if CHECK else "cuda"
+
+
+# ---- the forms ----
+
+
+@triton.jit
+def _last_arrival(counter_ptr, arrivals):
+    """True in the last of `arrivals` programs (after each stored its partials); resets the counter."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    last = ticket == arrivals - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    tl.debug_barrier()
+    return last
+
+
+@triton.jit
+def _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS: tl.constexpr):
+    """Chan's combine of SPLITS partials of equal counts (R / SPLITS rows each) for `cols`."""
+    s = tl.arange(0, SPLITS)[:, None]
+    means = tl.load(mean_ptr + s * C + cols)
+    m2s = tl.load(m2_ptr + s * C + cols)
+    grand = tl.sum(means, 0)[None, :] / SPLITS
+    d = means - grand
+    total = tl.sum(m2s + (R // SPLITS) * d * d, 0)[None, :]
+    tl.store(out_ptr + cols, total / (R - 1))
+
+
+@triton.jit
+def colsum(x_ptr, part_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexpr, XBLOCK: tl.constexpr,
+           R0_BLOCK: tl.constexpr):
+    pid, split = tl.program_id(0), tl.program_id(1)
+    cols = pid * XBLOCK + tl.arange(0, XBLOCK)[None, :]
+    rows = tl.arange(0, R0_BLOCK)[:, None]
+    acc = tl.zeros([R0_BLOCK, XBLOCK], tl.float32)
+    start = split * (R // SPLITS)
+    for r in tl.range(0, R // SPLITS, R0_BLOCK):
+        acc += tl.load(x_ptr + (start + r + rows) * C + cols, eviction_policy="evict_first")
+    tl.store(part_ptr + split * C + cols, tl.sum(acc, 0)[None, :])
+    if _last_arrival(cnt_ptr + pid, SPLITS):
+        s = tl.arange(0, SPLITS)[:, None]
+        tl.store(out_ptr + cols, tl.sum(tl.load(part_ptr + s * C + cols), 0)[None, :])
+
+
+@triton.jit
+def chan(x_ptr, mean_ptr, m2_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexpr, XBLOCK: tl.constexpr,
+         PIECE: tl.constexpr):
+    pid, split = tl.program_id(0), tl.program_id(1)
+    cols = pid * XBLOCK + tl.arange(0, XBLOCK)[None, :]
+    rows = tl.arange(0, PIECE)[:, None]
+    mean = tl.zeros([1, XBLOCK], tl.float32)
+    m2 = tl.zeros([1, XBLOCK], tl.float32)
+    start = split * (R // SPLITS)
+    for p in tl.range(0, R // SPLITS // PIECE):
+        v = tl.load(x_ptr + (start + p * PIECE + rows) * C + cols, eviction_policy="evict_first")
+        piece_mean = tl.sum(v, 0)[None, :] / PIECE
+        d = v - piece_mean
+        piece_m2 = tl.sum(d * d, 0)[None, :]
+        seen = p * 1.0                       # pieces merged so far, each of PIECE rows
+        delta = piece_mean - mean
+        mean = mean + delta / (seen + 1)
+        m2 = m2 + piece_m2 + delta * delta * (PIECE * seen / (seen + 1))
+    tl.store(mean_ptr + split * C + cols, mean)
+    tl.store(m2_ptr + split * C + cols, m2)
+    if _last_arrival(cnt_ptr + pid, SPLITS):
+        _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS)
+
+
+@triton.jit
+def welford(x_ptr, mean_ptr, m2_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexpr, XBLOCK: tl.constexpr,
+            R0_BLOCK: tl.constexpr):
+    pid, split = tl.program_id(0), tl.program_id(1)
+    cols = pid * XBLOCK + tl.arange(0, XBLOCK)[None, :]
+    rows = tl.arange(0, R0_BLOCK)[:, None]
+    mean = tl.zeros([R0_BLOCK, XBLOCK], tl.float32)
+    m2 = tl.zeros([R0_BLOCK, XBLOCK], tl.float32)
+    start = split * (R // SPLITS)
+    steps = R // SPLITS // R0_BLOCK
+    for i in tl.range(0, steps):
+        v = tl.load(x_ptr + (start + i * R0_BLOCK + rows) * C + cols, eviction_policy="evict_first")
+        d = v - mean
+        mean = mean + d * (1.0 / (i + 1))     # each lane has seen i + 1 elements
+        m2 = m2 + d * (v - mean)
+    lane_mean = tl.sum(mean, 0)[None, :] / R0_BLOCK      # lanes of equal counts (`steps` each)
+    d = mean - lane_mean
+    tl.store(mean_ptr + split * C + cols, lane_mean)
+    tl.store(m2_ptr + split * C + cols, tl.sum(m2 + steps * d * d, 0)[None, :])
+    if _last_arrival(cnt_ptr + pid, SPLITS):
+        _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS)
+
+
+# ---- timing ----
+
+
+def clean_ms(call, flush, n=100):
+    """Median ms of `call`, each after a 1 GB read (the L2 left clean), CUDA events."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in pairs:
+        flush.amax()
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def launches(R, C):
+    """(form name, configuration text, a call writing `out`, out, the check's want)."""
+    x = torch.randn(R, C, device=DEVICE) * 3 + 100
+    want = x.double().var(0)
+    out = torch.empty(C, device=DEVICE)
+    cnt = torch.zeros(C, dtype=torch.int32, device=DEVICE)     # one counter per column block at most
+    found = []
+    for splits in (16, 32, 64):
+        if R % (splits * 64):
+            continue
+        mean = torch.empty(splits, C, device=DEVICE)
+        m2 = torch.empty_like(mean)
+        for xb in (64, 128):
+            if C % xb:
+                continue
+            grid = (C // xb, splits)
+            for rb in (4, 8, 16):
+                found.append(("colsum", f"splits {splits}, XBLOCK {xb}, R0_BLOCK {rb}",
+                              lambda g=grid, s=splits, xb=xb, rb=rb, p=mean: colsum[g](
+                                  x, p, cnt, out, C, R, s, xb, rb, num_warps=4), out, x.double().sum(0)))
+                found.append(("welford", f"splits {splits}, XBLOCK {xb}, R0_BLOCK {rb}",
+                              lambda g=grid, s=splits, xb=xb, rb=rb, mean=mean, m2=m2: welford[g](
+                                  x, mean, m2, cnt, out, C, R, s, xb, rb, num_warps=4), out, want))
+            found.append(("chan", f"splits {splits}, XBLOCK {xb}, PIECE 64",
+                          lambda g=grid, s=splits, xb=xb, mean=mean, m2=m2: chan[g](
+                              x, mean, m2, cnt, out, C, R, s, xb, 64, num_warps=4), out, want))
+    return x, found
+
+
+def main():
+    R, C = (4096, 128) if CHECK else (8192, 4096)
+    x, found = launches(R, C)
+    rows = []
+    flush = None if CHECK else torch.randn(256 << 20, device=DEVICE)
+    for form, cfg, call, out, want in found:
+        out.zero_()
+        call()
+        call()                       # the second call: the counters were reset by the first
+        err = float(((out.double() - want).abs() / want.abs()).max())
+        assert err < 1e-4, (form, cfg, err)
+        ms = None if CHECK else clean_ms(call, flush)
+        rows.append((ms or 0.0, form, cfg, err))
+        print(form, cfg, f"rel err {err:.1e}", "" if CHECK else f"{ms * 1e3:.1f} us", flush=True)
+    if CHECK:
+        return
+    floor_us = R * C * 4 / 4.27e12 * 1e6      # the H200's copy bandwidth in bench/gpu.py's runs
+    print(f"\nfloor (4.27 TB/s copy) {floor_us:.1f} us")
+    for form in ("colsum", "chan", "welford"):
+        ms, _, cfg, err = min(r for r in rows if r[1] == form)
+        print(f"| {form} | {ms * 1e3:.1f} us | {floor_us / (ms * 1e3):.2f} of the floor | {cfg} | rel err {err:.1e} |")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import stax
+    xs = stax.tensor(x.cpu().numpy()).to("cuda")
+    f = stax.compile(lambda t: t.var(0))
+    f(xs)
+    print(f"| Stax x.var(0) | {clean_ms(lambda: f(xs), flush) * 1e3:.1f} us | {list(f.last_generated.kernels)} |")
+    g = torch.compile(lambda t: t.var(0))
+    print(f"| torch.compile x.var(0) | {clean_ms(lambda: g(x), flush) * 1e3:.1f} us |")
+
+
+if __name__ == "__main__":
+    main()
