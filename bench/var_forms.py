@@ -23,13 +23,14 @@ is where a one-pass sum of squares would lose its digits). Status, 2026-12-03: c
 interpreter (`--check`) and built for sm_90 with Triton 3.6, not run. The `chan` form's `.probe` run on the H200 gave 39.1 µs at best
 (bench/RESULTS.md), no faster than Stax's two kernels. `welford` and `colsum` have not run there yet.
 """
-import os
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+
+from gpu import torch_clean_ms       # (bench/gpu.py; it puts the repository on sys.path)
+from stax.triton_helpers import last_arrival   # Stax's one-kernel split arrives the same way
 
 CHECK = "--check" in sys.argv
 DEVICE = "cpu" if CHECK else "cuda"
@@ -39,27 +40,20 @@ DEVICE = "cpu" if CHECK else "cuda"
 
 
 @triton.jit
-def _last_arrival(counter_ptr, arrivals):
-    """True in the last of `arrivals` programs (after each stored its partials); resets the counter."""
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    last = ticket == arrivals - 1
-    if last:
-        tl.store(counter_ptr, 0)
-    tl.debug_barrier()
-    return last
-
-
-@triton.jit
-def _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS: tl.constexpr):
-    """Chan's combine of SPLITS partials of equal counts (R / SPLITS rows each) for `cols`."""
-    s = tl.arange(0, SPLITS)[:, None]
-    means = tl.load(mean_ptr + s * C + cols)
-    m2s = tl.load(m2_ptr + s * C + cols)
-    grand = tl.sum(means, 0)[None, :] / SPLITS
-    d = means - grand
-    total = tl.sum(m2s + (R // SPLITS) * d * d, 0)[None, :]
-    tl.store(out_ptr + cols, total / (R - 1))
+def _store_and_combine(mean_ptr, m2_ptr, cnt_ptr, out_ptr, mean, m2, pid, split, cols, C, R,
+                       SPLITS: tl.constexpr):
+    """Store this split's (mean, M2) of its columns; the last split of the block to arrive runs
+    Chan's combine of the SPLITS partials, of equal counts (R / SPLITS rows each)."""
+    tl.store(mean_ptr + split * C + cols, mean)
+    tl.store(m2_ptr + split * C + cols, m2)
+    if last_arrival(cnt_ptr + pid, SPLITS):
+        s = tl.arange(0, SPLITS)[:, None]
+        means = tl.load(mean_ptr + s * C + cols)
+        m2s = tl.load(m2_ptr + s * C + cols)
+        grand = tl.sum(means, 0)[None, :] / SPLITS
+        d = means - grand
+        total = tl.sum(m2s + (R // SPLITS) * d * d, 0)[None, :]
+        tl.store(out_ptr + cols, total / (R - 1))
 
 
 @triton.jit
@@ -73,7 +67,7 @@ def colsum(x_ptr, part_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexpr, XBLOCK
     for r in tl.range(0, R // SPLITS, R0_BLOCK):
         acc += tl.load(x_ptr + (start + r + rows) * C + cols, eviction_policy="evict_first")
     tl.store(part_ptr + split * C + cols, tl.sum(acc, 0)[None, :])
-    if _last_arrival(cnt_ptr + pid, SPLITS):
+    if last_arrival(cnt_ptr + pid, SPLITS):
         s = tl.arange(0, SPLITS)[:, None]
         tl.store(out_ptr + cols, tl.sum(tl.load(part_ptr + s * C + cols), 0)[None, :])
 
@@ -96,10 +90,7 @@ def chan(x_ptr, mean_ptr, m2_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexpr, 
         delta = piece_mean - mean
         mean = mean + delta / (seen + 1)
         m2 = m2 + piece_m2 + delta * delta * (PIECE * seen / (seen + 1))
-    tl.store(mean_ptr + split * C + cols, mean)
-    tl.store(m2_ptr + split * C + cols, m2)
-    if _last_arrival(cnt_ptr + pid, SPLITS):
-        _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS)
+    _store_and_combine(mean_ptr, m2_ptr, cnt_ptr, out_ptr, mean, m2, pid, split, cols, C, R, SPLITS)
 
 
 @triton.jit
@@ -119,28 +110,11 @@ def welford(x_ptr, mean_ptr, m2_ptr, cnt_ptr, out_ptr, C, R, SPLITS: tl.constexp
         m2 = m2 + d * (v - mean)
     lane_mean = tl.sum(mean, 0)[None, :] / R0_BLOCK      # lanes of equal counts (`steps` each)
     d = mean - lane_mean
-    tl.store(mean_ptr + split * C + cols, lane_mean)
-    tl.store(m2_ptr + split * C + cols, tl.sum(m2 + steps * d * d, 0)[None, :])
-    if _last_arrival(cnt_ptr + pid, SPLITS):
-        _combine(mean_ptr, m2_ptr, out_ptr, cols, C, R, SPLITS)
+    _store_and_combine(mean_ptr, m2_ptr, cnt_ptr, out_ptr, lane_mean, tl.sum(m2 + steps * d * d, 0)[None, :],
+                       pid, split, cols, C, R, SPLITS)
 
 
-# ---- timing ----
-
-
-def clean_ms(call, flush, n=100):
-    """Median ms of `call`, each after a 1 GB read (the L2 left clean), CUDA events."""
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for start, end in pairs:
-        flush.amax()
-        start.record()
-        call()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+# ---- the launches ----
 
 
 def launches(R, C):
@@ -176,14 +150,13 @@ def main():
     R, C = (4096, 128) if CHECK else (8192, 4096)
     x, found = launches(R, C)
     rows = []
-    flush = None if CHECK else torch.randn(256 << 20, device=DEVICE)
     for form, cfg, call, out, want in found:
         out.zero_()
         call()
         call()                       # the second call: the counters were reset by the first
         err = float(((out.double() - want).abs() / want.abs()).max())
         assert err < 1e-4, (form, cfg, err)
-        ms = None if CHECK else clean_ms(call, flush)
+        ms = None if CHECK else torch_clean_ms(call)
         rows.append((ms or 0.0, form, cfg, err))
         print(form, cfg, f"rel err {err:.1e}", "" if CHECK else f"{ms * 1e3:.1f} us", flush=True)
     if CHECK:
@@ -193,14 +166,13 @@ def main():
     for form in ("colsum", "chan", "welford"):
         ms, _, cfg, err = min(r for r in rows if r[1] == form)
         print(f"| {form} | {ms * 1e3:.1f} us | {floor_us / (ms * 1e3):.2f} of the floor | {cfg} | rel err {err:.1e} |")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import stax
     xs = stax.tensor(x.cpu().numpy()).to("cuda")
     f = stax.compile(lambda t: t.var(0))
     f(xs)
-    print(f"| Stax x.var(0) | {clean_ms(lambda: f(xs), flush) * 1e3:.1f} us | {list(f.last_generated.kernels)} |")
+    print(f"| Stax x.var(0) | {torch_clean_ms(lambda: f(xs)) * 1e3:.1f} us | {list(f.last_generated.kernels)} |")
     g = torch.compile(lambda t: t.var(0))
-    print(f"| torch.compile x.var(0) | {clean_ms(lambda: g(x), flush) * 1e3:.1f} us |")
+    print(f"| torch.compile x.var(0) | {torch_clean_ms(lambda: g(x)) * 1e3:.1f} us |")
 
 
 if __name__ == "__main__":

@@ -208,11 +208,7 @@ def _columns_start_on_lines(expr, dtype, k) -> bool:
     extent = sympy.sympify(xaxis.sizes[-1]).subs(k.lowered.hints or {})
     if not extent.is_Integer or (int(extent) * dtype.itemsize) % CACHE_LINE:
         return False
-    for term in [expr.subs({s: 0 for s in expr.free_symbols})] + [
-            expr.coeff(s) for s in expr.free_symbols if s != xaxis.dims[-1]]:
-        if not term.is_Integer or (int(term) * dtype.itemsize) % CACHE_LINE:
-            return False
-    return True
+    return _rows_start_on_lines(expr, dtype, {xaxis.dims[-1]})    # every other coefficient on a line
 
 
 class TritonPrinter(Printer):
@@ -260,21 +256,21 @@ class TritonPrinter(Printer):
             # (a looped kernel reads the row again in a later pass: keep it in L2 until that last pass)
             uses_r = any(s in self.k.rvars_printed for s in expr.free_symbols)
             uses_x = any(s not in self.k.rvars_printed for s in expr.free_symbols)
-            at_hint = expr.subs(self.k.lowered.hints or {})
             if not (uses_r and uses_x) or self.k.row_read_again:
                 extras = ", eviction_policy='evict_last'"
-            elif self.k.outer_form() and _columns_start_on_lines(at_hint, dtype, self.k):
+            else:
+                # (symbolic strides, §10.3: decided at the hint, as the launch configuration is)
                 # §9.4 OUTER: the columns stream through too, and what stays in L2 is what is
                 # written meanwhile (a split's partials, read back by its combine: var0's pair of
                 # kernels 41.7 -> 39.1 us on the H200 with the input evict_first)
-                extras = ", eviction_policy='evict_first'"
-            elif _rows_start_on_lines(at_hint, dtype, self.k.rvars_printed):
-                # (symbolic strides, §10.3: decided at the hint, as the launch configuration is)
-                extras = ", eviction_policy='evict_first'"
-            # else no hint: a row that starts inside a cache line shares that line with the row
-            # before it, which another program reads; evicted first, the line is read twice
-            # (softmax over rows of 1000 on the H200: 0.94 of the floor with evict_first, 0.96
-            # without; Inductor prints no hint there either)
+                at_hint = expr.subs(self.k.lowered.hints or {})
+                if (self.k.outer_form() and _columns_start_on_lines(at_hint, dtype, self.k)) or \
+                        _rows_start_on_lines(at_hint, dtype, self.k.rvars_printed):
+                    extras = ", eviction_policy='evict_first'"
+                # else no hint: a row that starts inside a cache line shares that line with the row
+                # before it, which another program reads; evicted first, the line is read twice
+                # (softmax over rows of 1000 on the H200: 0.94 of the floor with evict_first, 0.96
+                # without; Inductor prints no hint there either)
         offset = texpr(expr)
         if not expr.free_symbols and mask:
             # one element under a block mask (ops.masked): Triton wants a block of pointers for a

@@ -44,7 +44,7 @@ from .ir import IndexCollector, Reduction, Scatter, index_vars, set_handler, sim
 from .schedule import node_index, phases
 from .triton_kernel import (GRID_LIMIT_YZ, Axis, TritonKernel, TritonPrinter, axis_lines, finish, grid_y_lines,
                             setup_axes, texpr, tl_dtype, var_lines)
-from .triton_reduction import (_RED_FN, _contiguous_along, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop,
+from .triton_reduction import (_RED_FN, _contiguous_along, _flat_index, _flat_rindex, _identity, _reduce_mask, accumulate, r_loop,
                                reduction_kernel)
 
 OUTER_PERSISTENT_LIMIT = 64        # §9.4: a reduction that is not INNER is persistent up to 64
@@ -255,14 +255,6 @@ def _print_pair(ka, kb, outer: bool):
     if form_b == "red" or kb.other_form or "xmask" in ka.always_true | kb.always_true:
         return None
     return form, lines_a, hint, lines_b
-
-
-def _flat_index(dims, sizes):
-    """The row-major flat index of loop variables `dims` (outer to inner) of extents `sizes`."""
-    index, stride = sympy.Integer(0), sympy.Integer(1)
-    for d, size in zip(reversed(dims), reversed(sizes)):
-        index, stride = index + stride * d, stride * sympy.sympify(size)
-    return index
 
 
 def _partials_shaped(xa, splits, cols, outer) -> bool:

@@ -113,8 +113,13 @@ def _reduce_mask(k) -> str:
     return " & ".join(m for m in ("r0_mask", "xmask") if m not in k.always_true)
 
 
+def _flat_index(dims, sizes):
+    """The row-major flat index of loop variables `dims` (outer to inner) of extents `sizes`."""
+    return sum((d * sympy.prod(sizes[i + 1:]) for i, d in enumerate(dims)), sympy.Integer(0))
+
+
 def _flat_rindex(k) -> str:
-    return texpr(sum((d * sympy.prod(k.raxis.sizes[i + 1:]) for i, d in enumerate(k.raxis.dims)), sympy.Integer(0)))
+    return texpr(_flat_index(k.raxis.dims, k.raxis.sizes))
 
 
 def _persistent_phase(k, nodes, xvars, rvars, p):
