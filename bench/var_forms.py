@@ -19,9 +19,13 @@ many calls:
     TRITON_INTERPRET=1 python bench/var_forms.py --check    # small sizes on the CPU, results only
 
 Every form is checked against float64 on data with mean 100 and standard deviation 3 (a large mean
-is where a one-pass sum of squares would lose its digits). Status, 2026-12-03: checked in the
-interpreter (`--check`) and built for sm_90 with Triton 3.6, not run. The `chan` form's `.probe` run on the H200 gave 39.1 µs at best
-(bench/RESULTS.md), no faster than Stax's two kernels. `welford` and `colsum` have not run there yet.
+is where a one-pass sum of squares would lose its digits).
+
+Measured on the H200, 2026-12-04 (bench/RESULTS.md; floor 31.4 µs at 4.27 TB/s), best configuration
+of each: colsum 36.1 µs (0.87 of the floor), welford 38.5 (0.82), chan 39.2 (0.80), Stax's x.var(0)
+40.7 (0.77 in that run), torch.compile 47.4. No form reaches 0.9; a flat read of the same 134 MB
+reaches 0.95 (33 µs): the column form's row-strided reads and its last-arriving combine cost the
+difference, var or not (that run did not tell the two apart).
 """
 import sys
 

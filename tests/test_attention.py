@@ -384,7 +384,7 @@ def test_template_visits_partial_blocks_with_mask_mod_and_full_ones_without():
     src = attention_template(0, spec)[1]
     partial, full = src.split("# the full blocks")
     assert "mask_tmp0 = (q_idx >= kv_idx)" in partial and "mask_tmp" not in full
-    assert "range(0, n_blocks * per)" in full    # only the listed blocks: empty ones never load
+    assert "range(0, pieces)" in full    # only the listed blocks: empty ones never load
 
 
 def test_omni_errors(rng):
