@@ -367,6 +367,23 @@ def test_omni_softcap_sliding_window_per_head_gqa(rng, dtype):
     assert_close(lse.cpu(), host(cpu_lse), stax.float32, rtol=1e-3, atol=1e-3)
 
 
+def test_omni_block_lists_of_every_length_with_blocks_read_in_pieces(rng):
+    """The sparse loops load each piece's block index a step ahead: lists of 0, 1 and several
+    blocks, 128-key blocks read in BLOCK_N pieces (per > 1), a ragged last block, and Q blocks
+    that see no key at all (NaN rows, as eager softmax of nothing)."""
+    n = 300
+    late = lambda b, h, q_idx, kv_idx: (q_idx >= 128) & (q_idx >= kv_idx) & (q_idx - kv_idx < 200 * (h + 1))  # noqa: E731
+    q, k, v = (randn(rng, (1, 2, n, 32)) for _ in range(3))
+    bm = stax.create_block_mask(late, None, 2, n, n, device="cuda")
+    counts = bm.counts()
+    assert counts["empty"] > 0 and counts["full"] > 0 and counts["partial"] > 0
+    out = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), score_mod=alibi, block_mask=bm)
+    ref = ref_omni(q, k, v, REF_ALIBI, lambda b, h, i, j: (i >= 128) & (i >= j) & (i - j < 200 * (h + 1)))
+    got = host(out)
+    assert np.isnan(got[:, :, :128]).all() and np.isnan(ref[:, :, :128]).all()
+    assert_close(got[:, :, 128:], ref[:, :, 128:], stax.float32)
+
+
 def test_omni_relative_position_without_block_mask(rng):
     q, k, v = (randn(rng, (1, 3, 7, 64)) for _ in range(3))
     rel = lambda score, b, h, q_idx, kv_idx: score + (q_idx - kv_idx).to(stax.float32) * 0.1  # noqa: E731
