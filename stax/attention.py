@@ -51,7 +51,7 @@ from .attention_kernels import (ModBody, apply_mask, as_operand, attention_score
                                 DECODE_MAX_QUERIES, cpp_template, decode_splits,
                                 decode_templates,
                                 finish_triple, launch_numels, make_spec,
-                                sdpa_lse_numpy, triple_of, _expand_heads)
+                                sdpa_lse_numpy, spec_key, triple_of, _expand_heads)
 from . import autograd
 from .autograd import is_grad_enabled, no_grad, record
 from .dtypes import float32, int32
@@ -135,6 +135,7 @@ def _to_tensor(a: np.ndarray, dtype, device) -> Tensor:
 # ---- §9.10 Launching a template directly (eager on "cuda" tensors) ----
 
 _KERNELS: dict = {}          # kernel text -> its CachingAutotuner, or (ffi, lib) of a C++ template
+_LAUNCHES: dict = {}         # (kind, spec_key, ...) -> [(CachingAutotuner, numels)]: the text printed once
 
 
 def _operand(t):
@@ -143,24 +144,31 @@ def _operand(t):
     return as_operand(t._meta.shape, t._meta.stride, 0)
 
 
-def _launch(spec, args: list):
-    """Run the template of `spec` on `args` (q, k, v [, mask] [, block mask], out, lse)."""
+def _kernels_of(key: tuple, make) -> list:
+    """[(kernel, numels)] of a launch, remembered by its spec's key: `make()` prints the kernels'
+    [(name, source, numels)] only the first time (a decode loop's step would spend more host time
+    printing the text than its kernels take)."""
     from .triton_heuristics import kernel_from_source
-    name, src = attention_template(0, spec)
-    kernel = _KERNELS.get(src)
-    if kernel is None:
-        kernel = _KERNELS[src] = kernel_from_source(name, src)
-    kernel.run(*args, *launch_numels(spec))
+    if key not in _LAUNCHES:
+        made = []
+        for name, src, numels in make():
+            if src not in _KERNELS:
+                _KERNELS[src] = kernel_from_source(name, src)
+            made.append((_KERNELS[src], numels))
+        _LAUNCHES[key] = made
+    return _LAUNCHES[key]
 
 
 def _run_kernels(kernels: list, args: list):
-    """Launch [(name, source, numels)] in order, each on its own argument list."""
-    from .triton_heuristics import kernel_from_source
-    for (name, src, numels), a in zip(kernels, args):
-        kernel = _KERNELS.get(src)
-        if kernel is None:
-            kernel = _KERNELS[src] = kernel_from_source(name, src)
+    """Launch [(kernel, numels)] in order, each on its own argument list."""
+    for (kernel, numels), a in zip(kernels, args):
         kernel.run(*a, *numels)
+
+
+def _launch(spec, args: list):
+    """Run the template of `spec` on `args` (q, k, v [, mask] [, block mask], out, lse)."""
+    _run_kernels(_kernels_of(("forward", spec_key(spec)),
+                             lambda: [(*attention_template(0, spec), launch_numels(spec))]), [args])
 
 
 def _decode(q, k, v, spec, extra: list, out, lse):
@@ -175,7 +183,8 @@ def _decode(q, k, v, spec, extra: list, out, lse):
     rows, dp = max(16, 1 << (m - 1).bit_length()), max(16, 1 << (d - 1).bit_length())
     ml = [empty(b * h * splits * rows, dtype=float32, device=q.device) for _ in range(2)]
     acc = empty(b * h * splits * rows * dp, dtype=float32, device=q.device)
-    _run_kernels(decode_templates(spec, splits, chunk), [[q, k, v] + extra + ml + [acc], ml + [acc, out, lse]])
+    kernels = _kernels_of(("decode", spec_key(spec), splits, chunk), lambda: decode_templates(spec, splits, chunk))
+    _run_kernels(kernels, [[q, k, v] + extra + ml + [acc], ml + [acc, out, lse]])
 
 
 def _default_decode(spec, kernel_options) -> bool:
@@ -659,7 +668,9 @@ def attention_backward(grad_out, query, key, value, out, lse, is_causal=False, s
     dq = empty(*query.shape, dtype=query.dtype, device=query.device)
     dk, dv = (empty(*key.shape, dtype=query.dtype, device=query.device) for _ in range(2))
     ins = [query, key, value, out, grad_out, lse] + ([attn_mask] if attn_mask is not None else [])
-    _run_kernels(backward_templates(bs), [ins + [dk, dv], ins + [dq]])
+    grad = None if bs.score_grad is None else (tuple(bs.score_grad.lines), bs.score_grad.result)
+    key = ("backward", spec_key(spec), *((o.shape, o.stride, o.offset) for o in (bs.o, bs.do)), grad, bs.offsets)
+    _run_kernels(_kernels_of(key, lambda: backward_templates(bs)), [ins + [dk, dv], ins + [dq]])
     return dq, dk, dv
 
 

@@ -209,6 +209,21 @@ class AttentionSpec:
         return any(x.span() >= INT32_LIMIT for x in (self.q, self.k, self.v, self.out, self.mask) if x)
 
 
+def _layout(x: Operand | None) -> tuple | None:
+    return None if x is None else (x.shape, x.stride, x.offset)
+
+
+def spec_key(spec: AttentionSpec) -> tuple:
+    """Everything the kernel text of `spec` depends on, as a hashable tuple: an eager launch looks
+    its kernel up by this instead of printing the text again (printing takes a few hundred µs of
+    host time, more than a decode step's kernels)."""
+    def body(b): return None if b is None else (tuple(b.lines), b.result)
+    sparse = None if spec.sparse is None else (*spec.sparse[:2], *map(_layout, spec.sparse[2:]))
+    return (tuple(map(_layout, (spec.q, spec.k, spec.v, spec.out, spec.mask))), spec.dtype, spec.scale,
+            spec.is_causal, spec.mask_dtype, body(spec.score_mod), body(spec.mask_mod), sparse,
+            tuple(spec.origins), spec.precision, os.environ.get(PLAN_ENV, "1"))
+
+
 # ---- §9.10 The kernel text ----
 
 

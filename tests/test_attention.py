@@ -6,6 +6,7 @@ References are float64 numpy. Half types: the template rounds P to the input dty
 P·V dot (as every flash kernel does), so their tolerance is the dtype's epsilon-scale one.
 """
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 import conftest
 import stax
 from conftest import assert_close
-from stax.attention_kernels import finish_triple, merge_triples, triple_of
+from stax.attention_kernels import attention_template as TEMPLATE, finish_triple, merge_triples, triple_of
 
 # float16/bfloat16 outputs: P is rounded to the input dtype before the P·V dot
 HALF_TOL = {"float16": dict(rtol=5e-3, atol=2e-3), "bfloat16": dict(rtol=3e-2, atol=1.5e-2)}
@@ -40,6 +41,7 @@ def record_direct_launches():
         return kernels
     att.attention_template, att.backward_templates = template, recorded(plain_bwd)
     att.decode_templates = recorded(plain_dec)
+    att._LAUNCHES.clear()                 # (a launch remembered from another module prints no text here)
     yield
     att.attention_template, att.backward_templates, att.decode_templates = plain, plain_bwd, plain_dec
 
@@ -721,7 +723,7 @@ def test_rewrite_only_what_the_template_runs(rng):
 def test_decode_is_the_default_for_a_few_queries(rng):
     import stax.attention as att
     q, k, v = randn(rng, (1, 2, 1, 16)), randn(rng, (1, 2, 200, 16)), randn(rng, (1, 2, 200, 16))
-    att._KERNELS.clear()
+    att._KERNELS.clear(), att._LAUNCHES.clear()
     out = stax.omni_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"))
     assert [kern.name for kern in att._KERNELS.values()] == ["triton_tem_fused_attention_decode_split",
                                                                "triton_tem_fused_attention_decode_merge"]
@@ -762,13 +764,49 @@ def test_tensor_with_cuda_as_the_default_device():
 def test_eager_sdpa_on_cuda_runs_the_template(rng):
     import stax.attention as att
     q, k, v, ref, _ = _sdpa_case(rng, stax.float32, (1, 2, 40, 16), 50, True)
-    att._KERNELS.clear()
+    att._KERNELS.clear(), att._LAUNCHES.clear()
     out = stax.scaled_dot_product_attention(q.to("cuda"), k.to("cuda"), v.to("cuda"), is_causal=True)
     assert out.device == "cuda" and [kern.name for kern in att._KERNELS.values()] == ["triton_tem_fused_attention_0"]
     assert_close(out.cpu(), ref, stax.float32)
     q5 = q.reshape(1, 1, 2, 40, 16).to("cuda")            # rank 5: no template, the op on the host
     out5 = stax.scaled_dot_product_attention(q5, q5, q5)
     assert_close(out5.cpu(), ref_attention(host(q5)[0], host(q5)[0], host(q5)[0])[0][None], stax.float32)
+
+
+SOFTCAP = 4.0
+
+
+def softcap_by_global(score, b, h, q_idx, kv_idx):
+    return SOFTCAP * stax.tanh(score / SOFTCAP)
+
+
+def test_eager_launches_print_their_text_once(rng, monkeypatch):
+    """An eager call on cuda tensors prints its template only the first time (a decode loop's
+    steps spend no host time printing); another shape, causality, a mod, or a new value of a
+    global the mod reads prints a new kernel, and each answer is the float64 one."""
+    import stax.attention as att
+    printed = []
+    monkeypatch.setattr(att, "attention_template", lambda i, spec: printed.append(spec) or TEMPLATE(i, spec))
+    decode = att.decode_templates
+    monkeypatch.setattr(att, "decode_templates", lambda spec, *a: printed.append(spec) or decode(spec, *a))
+    monkeypatch.setattr(att, "_LAUNCHES", {})
+    q, k, v = (randn(rng, (1, 2, n, 16)) for n in (24, 30, 30))
+    qc, kc, vc = (t.to("cuda") for t in (q, k, v))
+    s = host(q).astype(np.float64) @ np.swapaxes(host(k), -1, -2) / 4.0
+    for _ in range(3):
+        out = stax.omni_attention(qc, kc, vc, score_mod=softcap_by_global)
+    assert len(printed) == 1
+    probs = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    assert_close(out.cpu(), probs(4.0 * np.tanh(s / 4.0)) @ host(v), stax.float32)
+    monkeypatch.setattr(sys.modules[__name__], "SOFTCAP", 2.0)
+    out = stax.omni_attention(qc, kc, vc, score_mod=softcap_by_global)
+    assert len(printed) == 2
+    assert_close(out.cpu(), probs(2.0 * np.tanh(s / 2.0)) @ host(v), stax.float32)
+    for args, kw in (((qc[:, :, :7], kc, vc), {}), ((qc, kc, vc), {"is_causal": True})):   # (7 queries: decode)
+        for _ in range(2):
+            out = stax.scaled_dot_product_attention(*args, **kw)
+        assert_close(out.cpu(), ref_attention(*(host(t) for t in args), causal=bool(kw))[0], stax.float32)
+    assert len(printed) == 4
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
